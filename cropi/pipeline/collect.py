@@ -1,0 +1,98 @@
+"""The collect job: K responses per prompt from the behavior checkpoint, with their
+raw log-probs and verifiable rewards, into a trajectory store.
+
+Every prompt is checked (renders, fits the context) before anything is written, so
+bad input leaves the store as it was. Resumable: committed prompts are skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cropi.data.prompts import load_prompts, prompts_fingerprint
+from cropi.generation import SamplingConfig, make_backend
+from cropi.generation.prompting import check_prompt_fits, render_prompt
+from cropi.models.loading import load_tokenizer
+from cropi.pipeline.checks import tokenizer_fingerprint
+from cropi.pipeline.progress import Progress, report
+from cropi.pipeline.sharding import in_shard, parse_shard, writer_id
+from cropi.rewards import get_reward, score_responses
+from cropi.store import TrajectoryStore
+from cropi.utils.fingerprint import model_fingerprint
+
+
+class CollectJob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    prompts: str
+    out: str
+    sampling: SamplingConfig = SamplingConfig()
+    backend: Literal["vllm", "hf"] = "vllm"
+    reward: str = "math_verify"
+    shard: tuple[int, int] = (0, 1)
+    batch_prompts: int = Field(32, gt=0, description="prompts handed to the backend at once")
+    backend_options: dict = Field(default_factory=dict)
+
+
+def collect(job: CollectJob, progress: Progress | None = None, backend=None) -> dict:
+    """Run (or resume) collection. ``backend`` may be passed to reuse a started engine."""
+    progress = report(progress)
+    shard = parse_shard(job.shard)
+    reward_fn = get_reward(job.reward)
+    tokenizer = load_tokenizer(job.model)
+    everything = load_prompts(job.prompts)
+    records = [r for r in everything if in_shard(r.prompt_id, shard)]
+    max_len = _max_model_len(job.model)
+    rendered = {}
+    for r in records:
+        ids = render_prompt(tokenizer, r.prompt)
+        check_prompt_fits(len(ids), job.sampling.max_new_tokens, max_len, r.prompt_id)
+        rendered[r.prompt_id] = ids
+    identity = {"kind": "trajectories",
+                "model": {"path": job.model, "fingerprint": model_fingerprint(job.model)},
+                "tokenizer": tokenizer_fingerprint(tokenizer), "sampling": job.sampling.model_dump(),
+                "seed": job.sampling.seed, "backend": job.backend, "reward": job.reward,
+                "prompts_fingerprint": prompts_fingerprint(everything)}
+    store = TrajectoryStore.create_or_open(job.out, identity)
+    done = store.committed_prompt_ids()
+    todo = [r for r in records if r.prompt_id not in done]
+    progress("collect", len(records) - len(todo), len(records))
+    if not todo:
+        return {"collected": 0, "skipped": len(records), "total": len(records)}
+    own = backend is None
+    backend = backend or make_backend(job.backend, job.model, **job.backend_options)
+    try:
+        _run(store, backend, todo, rendered, job, reward_fn, shard, progress, len(records) - len(todo), len(records))
+    finally:
+        if own:
+            backend.close()
+    return {"collected": len(todo), "skipped": len(records) - len(todo), "total": len(records)}
+
+
+def _run(store, backend, todo, rendered, job, reward_fn, shard, progress, start, total) -> None:
+    with store.writer(writer_id(shard)) as writer:
+        for b in range(0, len(todo), job.batch_prompts):
+            batch = todo[b:b + job.batch_prompts]
+            outputs = backend.generate([rendered[r.prompt_id] for r in batch],
+                                       [r.prompt_id for r in batch], job.sampling)
+            for record, samples in zip(batch, outputs):
+                rewards = score_responses(reward_fn, [s.text for s in samples], record.answer)
+                writer.commit_prompt_rows([_row(record.prompt_id, rendered[record.prompt_id], k, s, rw)
+                                           for k, (s, rw) in enumerate(zip(samples, rewards))])
+            progress("collect", start + b + len(batch), total)
+
+
+def _row(prompt_id, prompt_ids, k, sample, reward) -> dict:
+    return {"prompt_id": prompt_id, "sample_index": k, "prompt_token_ids": prompt_ids,
+            "response_token_ids": list(sample.token_ids), "behavior_logprobs": list(sample.logprobs),
+            "response_text": sample.text, "reward": reward, "finish_reason": sample.finish_reason}
+
+
+def _max_model_len(model_path: str) -> int:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model_path, trust_remote_code=False)
+    return int(getattr(cfg, "max_position_embeddings", 4096))

@@ -1,0 +1,93 @@
+"""The gradients job: POPI gradients of one split at one checkpoint into the store.
+
+Resumable (prompts already committed are skipped) and shardable (``shard=(i, n)``
+takes the prompts whose id hashes to i, so n workers can share one store).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal, Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from cropi.gradients import GradientComputer, LossOptions
+from cropi.models.loading import load_causal_lm, load_tokenizer
+from cropi.pipeline.checks import check_tokenizer_matches, check_token_ids_fit
+from cropi.pipeline.progress import Progress, report
+from cropi.pipeline.sharding import in_shard, parse_shard, writer_id
+from cropi.projection import ProjectionSpec, make_projector
+from cropi.store import CheckpointRef, GradientStore, TrajectoryStore
+from cropi.utils.fingerprint import model_fingerprint
+
+
+class GradientJob(BaseModel):
+    """Everything the gradients job needs; the CLI, Ray and the service all build one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    trajectories: str
+    store: str
+    split: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.-]+$", description="checkpoint name; default: model folder name")
+    spec: ProjectionSpec = ProjectionSpec()
+    loss: LossOptions = LossOptions()
+    shard: tuple[int, int] = (0, 1)
+    dtype: Literal["float16", "float32"] = "float16"
+    device: str = "auto"
+    rows_per_shard: int = Field(64, gt=0)
+
+    @property
+    def checkpoint_name(self) -> str:
+        return self.name or Path(self.model).resolve().name
+
+
+def open_split(job: GradientJob, projector, trajectories: TrajectoryStore, fingerprint: str):
+    spec = job.spec.model_dump() | {"spec_id": job.spec.spec_id}
+    extra = {"loss": job.loss.model_dump(), "trajectories": _identity_hash(trajectories.identity),
+             "n_kept": projector.n_kept, "n_coords": projector.n_coords}
+    return GradientStore(job.store).split(CheckpointRef(name=job.checkpoint_name, fingerprint=fingerprint),
+                                          spec, job.split, dim=projector.out_dim, dtype=job.dtype, extra=extra)
+
+
+def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dict:
+    """Run (or resume) the job; returns counts by status of what this call computed."""
+    progress = report(progress)
+    shard = parse_shard(job.shard)
+    trajectories = TrajectoryStore.open(job.trajectories)
+    check_tokenizer_matches(trajectories.identity, load_tokenizer(job.model), job.model)
+    device = _device(job.device)
+    model = load_causal_lm(job.model, device=device)
+    projector = make_projector(job.spec, {n: tuple(p.shape) for n, p in model.named_parameters()}, device=device)
+    split = open_split(job, projector, trajectories, model_fingerprint(job.model))
+    done = split.committed_prompt_ids()
+    mine = sorted(p for p in trajectories.committed_prompt_ids() if in_shard(p, shard))
+    todo = [p for p in mine if p not in done]
+    computer = GradientComputer(model, projector, job.loss)
+    counts: dict[str, int] = {}
+    stage = f"gradients:{job.split}"
+    progress(stage, len(mine) - len(todo), len(mine))
+    with split.writer(writer_id(shard), rows_per_shard=job.rows_per_shard) as writer:
+        for n, traj in enumerate(trajectories.iter_prompts(todo), start=1):
+            check_token_ids_fit(traj, model.config.vocab_size)
+            res = computer.compute(traj)
+            writer.append(res.prompt_id, res.vector, res.raw_norm, res.n_responses, res.reward_mean,
+                          res.reward_std, res.n_tokens, res.status)
+            counts[res.status] = counts.get(res.status, 0) + 1
+            progress(stage, len(mine) - len(todo) + n, len(mine))
+    return {"split": job.split, "checkpoint": job.checkpoint_name, "spec_id": job.spec.spec_id,
+            "computed": counts, "skipped": len(mine) - len(todo), "total": len(mine)}
+
+
+def _device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _identity_hash(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]

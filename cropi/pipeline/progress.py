@@ -1,0 +1,38 @@
+"""Progress reporting shared by the jobs: a callback ``(stage, done, total)``.
+
+The CLI shows it as a tqdm bar per stage; the service writes it to its job table.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from tqdm.auto import tqdm
+
+Progress = Callable[[str, int, int], None]
+
+
+def quiet(stage: str, done: int, total: int) -> None:
+    """A progress callback that says nothing."""
+
+
+class TqdmProgress:
+    """One tqdm bar per stage, on stderr."""
+
+    def __init__(self, disable: bool = False):
+        self.disable = disable
+        self.bars: dict[str, tqdm] = {}
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        bar = self.bars.get(stage)
+        if bar is None:
+            bar = self.bars[stage] = tqdm(total=total, desc=stage, unit="prompt", disable=self.disable)
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+        if done >= total:
+            bar.close()
+
+
+def report(progress: Optional[Progress]) -> Progress:
+    return progress or quiet

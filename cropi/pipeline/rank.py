@@ -1,0 +1,107 @@
+"""The rank job: score a pool split against validation splits and persist the ranking.
+
+Rankings live beside the shards, one Parquet file per (checkpoint, spec, pool):
+``<store>/rankings/<checkpoint>/<spec_id>/<pool>.parquet``, meta in its schema metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow.fs import FileSelector, FileType
+
+from cropi.errors import InvalidInputError, NotFoundError
+from cropi.scoring import Ranking, rank_pool
+from cropi.store import GradientStore
+from cropi.utils.fsio import atomic_write_bytes, resolve
+
+META_KEY = b"cropi.ranking"
+
+
+@dataclass
+class RankingResult:
+    ranking: Ranking
+    table: pa.Table
+    meta: dict
+
+    @property
+    def excluded(self) -> dict[str, int]:
+        return self.ranking.excluded
+
+
+def find_spec_id(store: str, name: str, spec_id: str | None, split: str) -> str:
+    """The one spec a checkpoint's split was scored with, unless the caller names one."""
+    found = sorted({s["spec_id"] for s in GradientStore(store).list_splits()
+                    if s["checkpoint"] == name and s["split"] == split})
+    if spec_id is not None:
+        if spec_id not in found:
+            raise NotFoundError(f"no gradients for checkpoint {name!r}, split {split!r}, spec {spec_id}; "
+                                f"specs present: {found or 'none'}")
+        return spec_id
+    if not found:
+        raise NotFoundError(f"no gradients for checkpoint {name!r}, split {split!r}: run `cropi gradients` first")
+    if len(found) > 1:
+        raise InvalidInputError(f"checkpoint {name!r} has several projection specs {found}: name one with --spec-id")
+    return found[0]
+
+
+def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str = "rrf",
+         top_fraction: float | None = None, spec_id: str | None = None, max_validation: int = 100,
+         seed: int = 0) -> RankingResult:
+    if not validation:
+        raise InvalidInputError("name at least one validation split")
+    spec_id = find_spec_id(store, name, spec_id, pool)
+    gs = GradientStore(store)
+    pool_t = gs.open_split(name, spec_id, pool).read()
+    val = {}
+    for v in validation:
+        t = gs.open_split(name, spec_id, v).read()
+        pool_t.ensure_comparable(t)
+        val[v] = (t.prompt_ids, t.vectors, list(t.columns["status"]))
+    ranking = rank_pool(pool_t.prompt_ids, pool_t.vectors, list(pool_t.columns["status"]), val,
+                        fusion=fusion, max_validation=max_validation, seed=seed)
+    selected = set(ranking.select(top_fraction=top_fraction)) if top_fraction else set()
+    table = ranking.to_table()
+    table = table.append_column("selected", pa.array([p in selected for p in table["prompt_id"].to_pylist()]))
+    meta = ranking.meta | {"checkpoint": name, "spec_id": spec_id, "pool": pool, "validation": validation,
+                           "top_fraction": top_fraction, "excluded": ranking.excluded,
+                           "checkpoint_fingerprint": pool_t.checkpoint.fingerprint, "created": time.time()}
+    _save(store, name, spec_id, pool, table, meta)
+    return RankingResult(ranking, table, meta)
+
+
+def ranking_path(store: str, name: str, spec_id: str, pool: str) -> tuple:
+    fs, base = resolve(store)
+    return fs, f"{base}/rankings/{name}/{spec_id}/{pool}.parquet"
+
+
+def _save(store, name, spec_id, pool, table: pa.Table, meta: dict) -> None:
+    table = table.replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    fs, path = ranking_path(store, name, spec_id, pool)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    atomic_write_bytes(fs, path, sink.getvalue().to_pybytes())
+
+
+def load_ranking(store: str, name: str, *, pool: str | None = None, spec_id: str | None = None) -> RankingResult:
+    """The stored ranking of a checkpoint (its only pool and spec unless named)."""
+    fs, base = resolve(store)
+    root = f"{base}/rankings/{name}"
+    files = [f.path for f in fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=True))
+             if f.type == FileType.File and f.path.endswith(".parquet")]
+    files = [f for f in files if (spec_id is None or f"/{spec_id}/" in f) and (pool is None or f.endswith(f"/{pool}.parquet"))]
+    if not files:
+        raise NotFoundError(f"no stored ranking for checkpoint {name!r}" + (f", pool {pool!r}" if pool else "")
+                            + ": run `cropi rank` (or wait for the scoring job) first")
+    if len(files) > 1:
+        raise InvalidInputError(f"several rankings for {name!r}: {files}; name the pool and spec")
+    with fs.open_input_file(files[0]) as f:
+        table = pq.read_table(f)
+    meta = json.loads(table.schema.metadata[META_KEY])
+    table = table.replace_schema_metadata(None)
+    return RankingResult(Ranking.from_table(table.drop_columns(["selected"]), meta), table, meta)
