@@ -1,0 +1,1 @@
+"""Runnable jobs a scheduler launches: thin doors over cropi.pipeline."""
