@@ -32,8 +32,10 @@ venv-verl: $(VERLENV)/.done
 demo: venv
 	$(VENV)/bin/cropi demo --quick --out $(OUT)/demo
 
-test: venv
-	OMP_NUM_THREADS=2 $(VENV)/bin/python -m pytest -q
+# The verl checks run in verl's own environment (its transformers pin conflicts with vLLM's).
+test: venv venv-verl
+	$(VERLENV)/bin/python -m pytest -q tests/test_verl.py
+	$(VENV)/bin/python -m pytest -q --ignore=tests/test_verl.py
 
 clean:
 	rm -rf $(VENV) $(VERLENV) $(OUT)

@@ -33,7 +33,23 @@ def _collect_args(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
     p.add_argument("--reward", default="math_verify")
+    _shard_args(p)
+
+
+def _shard_args(p):
     p.add_argument("--shard", default="0/1", help="I/N: this worker's share of the prompts")
+    p.add_argument("--ray", metavar="ADDRESS", help="run --workers shards as Ray tasks ('local' starts Ray here)")
+    p.add_argument("--workers", type=int, default=2, help="Ray workers (with --ray)")
+    p.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per Ray worker (with --ray)")
+
+
+def _run_job(a, fn, job):
+    """Run here, or spread over Ray workers when --ray is given."""
+    if a.ray:
+        from cropi.pipeline.distribute import run_sharded
+
+        return run_sharded(fn, job, workers=a.workers, address=a.ray, gpus_per_worker=a.gpus_per_worker)
+    return fn(job, _bar(a))
 
 
 @command("collect", "sample K responses per prompt with behavior log-probs and rewards")(_collect_args)
@@ -46,7 +62,7 @@ def _collect(a):
                               max_new_tokens=a.max_new_tokens, seed=a.seed)
     job = CollectJob(model=a.model, prompts=a.prompts, out=a.out, sampling=sampling, backend=a.backend,
                      reward=a.reward, shard=parse_shard(a.shard))
-    return collect(job, _bar(a))
+    return _run_job(a, collect, job)
 
 
 def _gradient_args(p):
@@ -65,7 +81,7 @@ def _gradient_args(p):
     p.add_argument("--token-budget", type=int, default=8192, help="padded tokens per micro-batch")
     p.add_argument("--dtype", choices=["float16", "float32"], default="float16", help="stored vector dtype")
     p.add_argument("--device", default="auto")
-    p.add_argument("--shard", default="0/1", help="I/N: this worker's share of the prompts")
+    _shard_args(p)
 
 
 def gradient_job_from_args(a):
@@ -86,7 +102,7 @@ def gradient_job_from_args(a):
 def _gradients(a):
     from cropi.pipeline.gradients import compute_gradients
 
-    return compute_gradients(gradient_job_from_args(a), _bar(a))
+    return _run_job(a, compute_gradients, gradient_job_from_args(a))
 
 
 def _rank_args(p):

@@ -1,0 +1,31 @@
+"""A verl custom reward function backed by cropi's rewards.
+
+verl's default reward picks a scorer by ``data_source`` and refuses names it
+does not know (cropi's synthetic task uses ``arithmetic/<skill>/<level>``). Point
+verl here instead::
+
+    custom_reward_function.path=<site-packages>/cropi/rewards/verl_reward.py
+    custom_reward_function.name=compute_score
+
+The reward is ``math_verify`` unless the row's ``extra_info.reward`` names another
+registered reward. verl needs a number for every response, so a reward that fails
+or times out scores 0.0 here (verl's own math-verify scorer does the same).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cropi.rewards import get_reward, score_responses
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REWARD = "math_verify"
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                  **kwargs) -> float:
+    """verl's ``compute_score`` signature; 1.0 correct, 0.0 wrong or unscorable."""
+    name = (extra_info or {}).get("reward") or DEFAULT_REWARD
+    [score] = score_responses(get_reward(name), [solution_str], str(ground_truth))
+    return 0.0 if score is None else score

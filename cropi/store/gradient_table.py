@@ -1,0 +1,91 @@
+"""Projected gradients of one split read into memory: ids, an (n, k) matrix, metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable
+
+import numpy as np
+import pyarrow as pa
+
+from cropi.errors import MismatchError, NotFoundError
+
+if TYPE_CHECKING:  # only for annotations: gradients.py imports this module
+    from cropi.store.gradients import CheckpointRef
+
+GRADIENT_STATUSES = ("ok", "zero_advantage", "nonfinite", "truncated")
+META_COLUMNS = ("raw_norm", "n_responses", "reward_mean", "reward_std", "n_tokens", "status")
+
+
+def vectors_from_arrow(column: pa.ChunkedArray, dim: int, dtype: str) -> np.ndarray:
+    """An (n, dim) array over a fixed_size_list column: a view of the Arrow buffer
+    when the column is one chunk (read-only if memory-mapped), else one copy."""
+    if column.num_chunks == 0 or len(column) == 0:
+        return np.empty((0, dim), dtype=dtype)
+    arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    values = arr.flatten().to_numpy(zero_copy_only=True)  # flatten() honours slice offsets
+    return values.reshape(len(arr), dim)
+
+
+@dataclass
+class GradientTable:
+    """One split's projected gradients; row ``i`` of ``vectors`` belongs to ``prompt_ids[i]``."""
+
+    prompt_ids: list[str]
+    vectors: np.ndarray
+    columns: dict[str, np.ndarray]
+    checkpoint: "CheckpointRef"
+    spec: dict
+    split: str
+    _positions: dict[str, int] | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table, checkpoint: "CheckpointRef", spec: dict, split: str,
+                   dim: int, dtype: str) -> "GradientTable":
+        columns = {c: table.column(c).to_numpy() for c in META_COLUMNS}
+        return cls(table.column("prompt_id").to_pylist(), vectors_from_arrow(table.column("vector"), dim, dtype),
+                   columns, checkpoint, spec, split)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def spec_id(self) -> str:
+        return self.spec.get("spec_id", "")
+
+    def index(self, prompt_id: str) -> int:
+        """Row of ``prompt_id``; NotFoundError if this split has no gradient for it."""
+        try:
+            return self._position_map()[prompt_id]
+        except KeyError:
+            raise NotFoundError(f"no gradient for prompt {prompt_id!r} in split {self.split!r} "
+                                f"(checkpoint {self.checkpoint.name}); compute it first") from None
+
+    def get(self, prompt_ids: Iterable[str]) -> "GradientTable":
+        """The rows of ``prompt_ids``, in that order; NotFoundError naming any unknown id."""
+        wanted = list(prompt_ids)
+        positions = self._position_map()
+        unknown = [p for p in wanted if p not in positions]
+        if unknown:
+            raise NotFoundError(f"{len(unknown)} prompt ids have no gradient in split {self.split!r} "
+                                f"(checkpoint {self.checkpoint.name}): {unknown[:5]}")
+        rows = np.array([positions[p] for p in wanted], dtype=np.int64)
+        return GradientTable(wanted, self.vectors[rows], {c: v[rows] for c, v in self.columns.items()},
+                             self.checkpoint, self.spec, self.split)
+
+    def _position_map(self) -> dict[str, int]:
+        if self._positions is None:
+            self._positions = {p: i for i, p in enumerate(self.prompt_ids)}
+        return self._positions
+
+    def ensure_comparable(self, other: "GradientTable") -> None:
+        """MismatchError unless both were projected with one spec at one checkpoint."""
+        problems = []
+        if self.spec_id != other.spec_id:
+            problems.append(f"projection spec_id {self.spec_id!r} ({self.split}) vs {other.spec_id!r} ({other.split})")
+        if self.checkpoint.fingerprint != other.checkpoint.fingerprint:
+            problems.append(f"checkpoint fingerprint {self.checkpoint.fingerprint!r} ({self.checkpoint.name}) "
+                            f"vs {other.checkpoint.fingerprint!r} ({other.checkpoint.name})")
+        if problems:
+            raise MismatchError("gradients are not comparable: " + "; ".join(problems)
+                                + ". Compute both splits with the same projection spec at the same checkpoint")

@@ -1,0 +1,102 @@
+"""Buffered writing of projected gradients into one split, a shard per ``rows_per_shard`` rows."""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from cropi.errors import InvalidInputError
+from cropi.store.gradient_table import GRADIENT_STATUSES
+
+if TYPE_CHECKING:  # annotations only: gradients.py imports this module
+    from cropi.store.gradients import GradientSplit
+
+log = logging.getLogger(__name__)
+
+
+class GradientWriter:
+    """Buffers gradient rows and commits them ``rows_per_shard`` at a time (and on flush/close)."""
+
+    def __init__(self, split: "GradientSplit", writer_id: str, rows_per_shard: int = 64):
+        if isinstance(rows_per_shard, bool) or not isinstance(rows_per_shard, int) or rows_per_shard < 1:
+            raise InvalidInputError(f"rows_per_shard must be a positive integer, got {rows_per_shard!r}")
+        self.split = split
+        self.rows_per_shard = rows_per_shard
+        self._shard = split.dataset.writer(writer_id)
+        self._rows: list[dict] = []
+        self._closed = False
+
+    def append(self, prompt_id: str, vector: np.ndarray, raw_norm: float, n_responses: int,
+               reward_mean: float, reward_std: float, n_tokens: int, status: str) -> None:
+        """Buffer one prompt's gradient; commits a shard when the buffer is full."""
+        if self._closed:
+            raise InvalidInputError("this gradient writer is closed; open a new one with split.writer(...)")
+        if not isinstance(prompt_id, str) or not prompt_id:
+            raise InvalidInputError(f"prompt_id must be a non-empty string, got {prompt_id!r}")
+        if prompt_id in self._shard.committed_keys() or any(r["prompt_id"] == prompt_id for r in self._rows):
+            raise InvalidInputError(f"prompt {prompt_id!r} already has a gradient from writer "
+                                    f"{self._shard.writer_id}; skip committed prompts")
+        if status not in GRADIENT_STATUSES:
+            raise InvalidInputError(f"prompt {prompt_id!r}: status {status!r} is not one of {GRADIENT_STATUSES}")
+        self._rows.append({"prompt_id": prompt_id, "vector": self._cast(prompt_id, vector),
+                           "raw_norm": float(raw_norm), "n_responses": _count(n_responses, "n_responses"),
+                           "reward_mean": float(reward_mean), "reward_std": float(reward_std),
+                           "n_tokens": _count(n_tokens, "n_tokens"), "status": status})
+        if len(self._rows) >= self.rows_per_shard:
+            self.flush()
+
+    def _cast(self, prompt_id: str, vector) -> np.ndarray:
+        v = np.asarray(vector)
+        if v.shape != (self.split.dim,) or v.dtype.kind not in "fiu":
+            raise InvalidInputError(f"prompt {prompt_id!r}: vector has shape {v.shape} and dtype {v.dtype}, "
+                                    f"this split stores numeric vectors of length {self.split.dim}")
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = v.astype(self.split.dtype)
+            overflow = np.isfinite(v) & ~np.isfinite(out)
+        if overflow.any():
+            raise InvalidInputError(f"prompt {prompt_id!r}: vector values overflow {self.split.dtype} "
+                                    f"(max |v| = {np.abs(v).max():.3g}); store this split as float32")
+        return out
+
+    def flush(self) -> None:
+        """Commit the buffered rows as one shard (nothing if the buffer is empty)."""
+        if not self._rows:
+            return
+        schema = self.split.dataset.schema
+        vectors = np.stack([r["vector"] for r in self._rows]).reshape(-1)
+        columns = {f.name: [r[f.name] for r in self._rows] for f in schema if f.name != "vector"}
+        arrays = [pa.FixedSizeListArray.from_arrays(pa.array(vectors), self.split.dim) if f.name == "vector"
+                  else pa.array(columns[f.name], type=f.type) for f in schema]
+        self._shard.commit(pa.Table.from_arrays(arrays, schema=schema))
+        self._rows = []
+
+    def close(self) -> None:
+        if not self._closed:
+            self.flush()
+            self._closed = True
+
+    def __enter__(self) -> "GradientWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # buffered rows are complete results: keep them even when the caller failed
+            self.close()
+        except Exception:
+            log.exception("could not commit buffered gradients while handling another error")
+
+
+def _count(value, name: str) -> int:
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise InvalidInputError(f"{name} must be an integer, got {value!r}") from None
+    if n < 0:
+        raise InvalidInputError(f"{name} must be >= 0, got {n}")
+    return n

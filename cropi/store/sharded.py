@@ -1,0 +1,187 @@
+"""A dataset of immutable shards that many writers fill without locks.
+
+Layout under the dataset directory::
+
+    manifest.json               identity, format, key column, schema (written once)
+    commits/<writer_id>.json    the shards that writer committed, with row counts and sha256
+    shards/<writer_id>-<seq>.<arrow|parquet>
+
+Each writer rewrites only its own commit file, atomically, so workers on a
+shared filesystem never contend. A shard becomes visible when its writer's
+commit file lists it; a file no commit lists is a killed run's leftover and is
+deleted when that writer reopens. Reads go writer by writer (sorted by id), shard
+by shard, and keep the first occurrence of each key.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from cropi.errors import CorruptDataError, InvalidInputError
+from cropi.store import manifest as mf
+from cropi.store import shard_io
+from cropi.store.schema import check_table, conform
+from cropi.utils.fsio import resolve
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+def check_name(value: str, what: str) -> str:
+    """A name used as a file or directory name: letters, digits, ``_ . -``."""
+    if not isinstance(value, str) or not _NAME.match(value) or value in {".", ".."}:
+        raise InvalidInputError(f"{what} {value!r} must be 1-128 letters, digits, '_', '.' or '-' "
+                                "(not starting with '.' or '-')")
+    return value
+
+
+class ShardedDataset:
+    """Create (``identity`` given) or open (``identity=None``) a sharded dataset at ``root_uri``."""
+
+    def __init__(self, root_uri: str, identity: dict | None = None, fmt: str = "ipc",
+                 schema: pa.Schema | None = None, key: str = "prompt_id", *,
+                 filesystem: pafs.FileSystem | None = None):
+        """``filesystem`` given: ``root_uri`` is a path on it, not resolved again."""
+        self.root_uri = root_uri
+        self.fs, self.path = (filesystem, str(root_uri).rstrip("/")) if filesystem else resolve(root_uri)
+        if identity is None:
+            self.manifest = mf.read_manifest(self.fs, self.path)
+        else:
+            self.manifest = mf.create_or_check(self.fs, self.path, _new_manifest(identity, fmt, schema, key))
+        self.fmt: str = self.manifest["format"]
+        self.key: str = self.manifest["key"]
+        self.schema: pa.Schema = mf.manifest_schema(self.manifest, self.path)
+
+    @property
+    def exists(self) -> bool:
+        return self.fs.get_file_info(f"{self.path}/{mf.MANIFEST}").type == pafs.FileType.File
+
+    @property
+    def identity(self) -> dict:
+        return self.manifest["identity"]
+
+    def writer(self, writer_id: str) -> "ShardWriter":
+        """The writer ``writer_id`` (one process per id at a time); clears its leftovers."""
+        return ShardWriter(self, check_name(writer_id, "writer id"))
+
+    def commits(self) -> dict[str, list[dict]]:
+        """Committed shard entries per writer, writers sorted by id."""
+        return {w: shard_io.read_commit(self.fs, self.path, w) for w in shard_io.writer_ids(self.fs, self.path)}
+
+    def stats(self) -> dict:
+        """Committed rows (before de-duplication across writers), shards and writers."""
+        commits = self.commits()
+        return {"rows": sum(e["rows"] for es in commits.values() for e in es),
+                "shards": sum(len(es) for es in commits.values()), "writers": len(commits)}
+
+    def version(self) -> tuple:
+        """A cheap stamp that changes whenever any writer commits (commit files' names, sizes, mtimes)."""
+        infos = self.fs.get_file_info(pafs.FileSelector(f"{self.path}/commits", allow_not_found=True))
+        return tuple(sorted((i.base_name, i.size, i.mtime_ns) for i in infos
+                            if i.type == pafs.FileType.File and i.base_name.endswith(".json")))
+
+    def committed_keys(self) -> set[str]:
+        """Every key some writer committed (the union over writers)."""
+        out: set[str] = set()
+        for w, entries in self.commits().items():
+            for e in entries:
+                out.update(self._load(w, e, verify=False, columns=[self.key]).column(0).to_pylist())
+        return out
+
+    def iter_shards(self, verify: bool = True, keys: set[str] | None = None) -> Iterator[pa.Table]:
+        """Committed shards in (writer_id, seq) order, each without keys seen before.
+
+        With ``keys``, only rows of those keys, and shards whose key range cannot
+        hold any of them are not read at all.
+        """
+        seen: set[str] = set()
+        lo, hi = (min(keys), max(keys)) if keys else (None, None)
+        for w, entries in self.commits().items():
+            for e in entries:
+                if keys is not None and (not keys or e["last_key"] < lo or e["first_key"] > hi):
+                    continue
+                table = self._load(w, e, verify)
+                table, seen = _first_occurrences(table, self.key, seen, keys)
+                if table.num_rows:
+                    yield table
+
+    def read(self, verify: bool = True) -> pa.Table:
+        """All committed rows, de-duplicated by key (first occurrence wins), checksums verified."""
+        tables = list(self.iter_shards(verify))
+        return pa.concat_tables(tables) if tables else self.schema.empty_table()
+
+    def _load(self, writer_id: str, entry: dict, verify: bool, columns: list[str] | None = None) -> pa.Table:
+        table = shard_io.load_shard(self.fs, self.path, writer_id, entry, self.fmt, verify, columns)
+        schema = self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns])
+        try:
+            return conform(table, schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as e:
+            raise CorruptDataError(f"shard {entry['file']} of {self.path} does not have the dataset "
+                                   f"schema ({e}); remove its entry from commits/{writer_id}.json and "
+                                   "rerun that writer") from e
+
+
+def _new_manifest(identity: dict, fmt: str, schema: pa.Schema | None, key: str) -> dict:
+    if fmt not in shard_io.EXTENSIONS:
+        raise InvalidInputError(f"format {fmt!r} is not one of {sorted(shard_io.EXTENSIONS)}")
+    if not isinstance(schema, pa.Schema):
+        raise InvalidInputError("creating a dataset needs its pyarrow schema")
+    if schema.get_field_index(key) < 0 or not pa.types.is_string(schema.field(key).type):
+        raise InvalidInputError(f"key column {key!r} must be a string column of the schema {schema.names}")
+    return mf.make_manifest(identity, fmt, key, schema)
+
+
+def _first_occurrences(table: pa.Table, key: str, seen: set[str], keys: set[str] | None):
+    """Rows of ``table`` whose key is wanted and was not seen in an earlier shard."""
+    values = table.column(key).to_pylist()
+    drop = set(values) & seen
+    if keys is not None:
+        drop |= set(values) - keys
+    seen = seen | (set(values) - drop)
+    if drop:
+        table = table.filter(pa.array([v not in drop for v in values]))
+    return table, seen
+
+
+class ShardWriter:
+    """Commits tables as shards of one dataset under one writer id."""
+
+    def __init__(self, dataset: ShardedDataset, writer_id: str):
+        self.dataset = dataset
+        self.writer_id = writer_id
+        fs, base = dataset.fs, dataset.path
+        self.entries = shard_io.read_commit(fs, base, writer_id)
+        self._seq = shard_io.remove_orphans(fs, base, writer_id, dataset.fmt, self.entries)
+        self._keys: set[str] | None = None
+
+    def committed_keys(self) -> set[str]:
+        """Keys this writer has committed (read once from its shards, then kept up to date)."""
+        if self._keys is None:
+            ds = self.dataset
+            self._keys = {k for e in self.entries
+                          for k in ds._load(self.writer_id, e, False, [ds.key]).column(0).to_pylist()}
+        return self._keys
+
+    def commit(self, table: pa.Table) -> None:
+        """Write ``table`` as one shard and list it in this writer's commit file."""
+        ds = self.dataset
+        table = check_table(table, ds.schema)
+        if table.num_rows == 0:
+            return
+        keys = table.column(ds.key).to_pylist()
+        dup = set(keys) & self.committed_keys()
+        if dup:
+            raise InvalidInputError(f"writer {self.writer_id} already committed {len(dup)} of these keys "
+                                    f"(e.g. {sorted(dup)[:3]}); skip committed keys before computing them")
+        entry = shard_io.write_shard(ds.fs, ds.path, self.writer_id, self._seq, ds.fmt, table, keys)
+        self._write_commit(self.entries + [entry])  # the commit point: the shard is now visible
+        self.entries.append(entry)
+        self._seq += 1
+        self._keys.update(keys)
+
+    def _write_commit(self, entries: list[dict]) -> None:
+        shard_io.write_commit(self.dataset.fs, self.dataset.path, self.writer_id, entries)
+

@@ -1,0 +1,618 @@
+"""The storage layer: sharded datasets, gradient and trajectory stores, atomic file I/O.
+
+Crash safety is checked with a real child process killed by SIGKILL at the
+commit point and in the middle of a shard write; this file is also that child
+(see ``_child_main`` at the bottom).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cropi.errors import CorruptDataError, InvalidInputError, MismatchError, NotFoundError
+from cropi.store import (GRADIENT_STATUSES, TRAJECTORY_SCHEMA, CheckpointRef, GradientStore, ShardedDataset,
+                         TrajectoryStore, gradient_schema)
+from cropi.store import shard_io
+from cropi.store.gradient_table import vectors_from_arrow
+from cropi.store.sharded import ShardWriter
+from cropi.utils import fsio
+
+REPO = Path(__file__).resolve().parents[1]
+DIM = 16
+CKPT = CheckpointRef(name="ckpt-1", fingerprint="fp-aaaa")
+SPEC = {"kind": "sjlt", "dim": DIM, "seed": 0, "spec_id": "spec0"}
+
+
+# ---------------------------------------------------------------- helpers
+
+def open_split(root, dtype="float32", spec=SPEC, checkpoint=CKPT, split="pool", dim=DIM):
+    return GradientStore(str(root)).split(checkpoint, spec, split, dim=dim, dtype=dtype,
+                                          extra={"loss": {"clip_eps": None}})
+
+
+def grad_row(pid: str, dim: int = DIM, salt: str = "") -> dict:
+    """A gradient row that is a pure function of the prompt id (so runs can be compared)."""
+    rng = np.random.default_rng(int(hashlib.sha256((salt + pid).encode()).hexdigest()[:12], 16))
+    return dict(prompt_id=pid, vector=rng.standard_normal(dim), raw_norm=float(rng.exponential()),
+                n_responses=int(rng.integers(1, 9)), reward_mean=float(rng.random()),
+                reward_std=float(rng.random()), n_tokens=int(rng.integers(1, 10**6)),
+                status=GRADIENT_STATUSES[int(rng.integers(0, len(GRADIENT_STATUSES)))])
+
+
+def write_grads(split, writer_id, pids, rows_per_shard=4, salt=""):
+    """Write the gradients of ``pids`` this split lacks (a resumable job in miniature)."""
+    done = split.committed_prompt_ids()
+    with split.writer(writer_id, rows_per_shard=rows_per_shard) as w:
+        for pid in pids:
+            if pid not in done:
+                w.append(**grad_row(pid, split.dim, salt))
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def shard_files(split) -> list[Path]:
+    return sorted(Path(split.dataset.path, "shards").iterdir())
+
+
+def traj_rows(pid: str, k: int = 4, prompt_len: int = 3, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed + int(hashlib.sha256(pid.encode()).hexdigest()[:8], 16))
+    prompt = rng.integers(0, 1000, prompt_len).tolist()
+    rows = []
+    for s in range(k):
+        n = int(rng.integers(1, 6))
+        rows.append(dict(prompt_id=pid, sample_index=s, prompt_token_ids=prompt,
+                         response_token_ids=rng.integers(0, 1000, n).tolist(),
+                         behavior_logprobs=(-rng.random(n)).astype(np.float32).tolist(),
+                         response_text=f"answer {s}", reward=None if s == 1 else float(rng.integers(0, 2)),
+                         finish_reason="stop" if s % 2 == 0 else "length"))
+    return rows
+
+
+TRAJ_IDENTITY = {"model": {"path": "/models/tiny", "fingerprint": "m1"}, "sampling": {"temperature": 0.5, "n": 4},
+                 "seed": 7, "prompts_fingerprint": "p1"}
+
+
+# ---------------------------------------------------------------- fsio
+
+def test_resolve_local_relative_and_file_uri(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fs, path = fsio.resolve("rel/dir")
+    assert isinstance(fs, pafs.LocalFileSystem) and path == str(tmp_path / "rel" / "dir")
+    fs, path = fsio.resolve(f"file://{tmp_path}/x/")
+    assert isinstance(fs, pafs.LocalFileSystem) and path == f"{tmp_path}/x"
+    with pytest.raises(InvalidInputError, match="URI"):
+        fsio.resolve("nosuchscheme://bucket/x")
+
+
+def test_atomic_write_overwrites_and_leaves_no_temporaries(tmp_path):
+    fs, base = fsio.resolve(str(tmp_path))
+    target = f"{base}/a/b/file.bin"
+    fsio.atomic_write_bytes(fs, target, b"one")
+    fsio.atomic_write_bytes(fs, target, b"second")
+    assert Path(target).read_bytes() == b"second"
+    assert os.listdir(tmp_path / "a" / "b") == ["file.bin"]
+    fsio.write_json_atomic(fs, f"{base}/j.json", {"b": [1, 2], "a": "x"})
+    assert fsio.read_json(fs, f"{base}/j.json") == {"a": "x", "b": [1, 2]}
+    with pytest.raises(InvalidInputError, match="JSON"):
+        fsio.write_json_atomic(fs, f"{base}/k.json", {"x": float("nan")})
+    with pytest.raises(NotFoundError):
+        fsio.read_json(fs, f"{base}/missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(CorruptDataError, match="not valid JSON"):
+        fsio.read_json(fs, f"{base}/bad.json")
+
+
+def test_atomic_write_failure_keeps_old_file(tmp_path, monkeypatch):
+    fs, base = fsio.resolve(str(tmp_path))
+    fsio.atomic_write_bytes(fs, f"{base}/f", b"old")
+
+    def broken(path, data):
+        Path(path).write_bytes(data[:1])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(fsio, "_write_local_synced", broken)
+    with pytest.raises(OSError, match="disk full"):
+        fsio.atomic_write_bytes(fs, f"{base}/f", b"new content")
+    assert os.listdir(tmp_path) == ["f"] and (tmp_path / "f").read_bytes() == b"old"
+
+
+def test_sha256_file_streams_and_matches_hashlib(tmp_path):
+    data = np.random.default_rng(0).bytes(int(2.5 * (1 << 20)))  # several 1 MiB chunks
+    (tmp_path / "blob").write_bytes(data)
+    fs, base = fsio.resolve(str(tmp_path))
+    assert fsio.sha256_file(fs, f"{base}/blob") == hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------- gradient store roundtrip
+
+def test_float32_roundtrip_is_bit_exact(tmp_path):
+    split = open_split(tmp_path, "float32")
+    pids = [f"p{i:02d}" for i in range(13)]
+    write_grads(split, "w0", pids, rows_per_shard=5)
+    assert len(shard_files(split)) == 3
+    t = split.read()
+    assert t.prompt_ids == pids and t.vectors.dtype == np.float32 and t.vectors.shape == (13, DIM)
+    for i, pid in enumerate(pids):
+        want = grad_row(pid)
+        assert t.vectors[i].tobytes() == want["vector"].astype(np.float32).tobytes()
+        for c in ("raw_norm", "reward_mean", "reward_std", "n_responses", "n_tokens", "status"):
+            assert t.columns[c][i] == want[c]
+    assert t.checkpoint == CKPT and t.spec == SPEC and t.split == "pool"
+
+
+def test_float16_is_stored_as_float16_of_the_input(tmp_path):
+    split = open_split(tmp_path, "float16")
+    pids = [f"q{i}" for i in range(6)]
+    write_grads(split, "w0", pids)
+    t = GradientStore(str(tmp_path)).open_split(CKPT.name, SPEC["spec_id"], "pool").read()
+    assert t.vectors.dtype == np.float16
+    want = np.stack([grad_row(p)["vector"].astype(np.float16) for p in pids])
+    assert t.vectors.tobytes() == want.tobytes()
+
+
+def test_vector_dim_dtype_and_status_errors(tmp_path):
+    split = open_split(tmp_path, "float16")
+    with split.writer("w0") as w:
+        row = grad_row("a")
+        with pytest.raises(InvalidInputError, match=f"length {DIM}"):
+            w.append(**(row | {"vector": np.zeros(DIM + 1)}))
+        with pytest.raises(InvalidInputError, match="overflow float16"):
+            w.append(**(row | {"vector": np.full(DIM, 1e6)}))
+        with pytest.raises(InvalidInputError, match="status"):
+            w.append(**(row | {"status": "great"}))
+        with pytest.raises(InvalidInputError, match="n_tokens"):
+            w.append(**(row | {"n_tokens": 3.5}))
+        w.append(**row)
+        with pytest.raises(InvalidInputError, match="already has a gradient"):
+            w.append(**row)
+    assert split.committed_prompt_ids() == {"a"}
+    with split.writer("w0") as w, pytest.raises(InvalidInputError, match="already has a gradient"):
+        w.append(**row)
+
+
+def test_gradient_table_index_get_and_comparability(tmp_path):
+    split = open_split(tmp_path)
+    pids = [f"p{i}" for i in range(8)]
+    write_grads(split, "w0", pids, rows_per_shard=3)
+    t = split.read()
+    assert [t.index(p) for p in pids] == list(range(8))
+    sub = t.get(["p5", "p1"])
+    assert sub.prompt_ids == ["p5", "p1"]
+    assert np.array_equal(sub.vectors, t.vectors[[5, 1]])
+    assert list(sub.columns["status"]) == [t.columns["status"][5], t.columns["status"][1]]
+    with pytest.raises(NotFoundError, match="nope"):
+        t.get(["p1", "nope"])
+    with pytest.raises(NotFoundError, match="nope"):
+        t.index("nope")
+    other_spec = open_split(tmp_path, spec=SPEC | {"spec_id": "spec1"}, split="val")
+    write_grads(other_spec, "w0", ["v0"])
+    with pytest.raises(MismatchError, match="'spec0'.*'spec1'"):
+        t.ensure_comparable(other_spec.read())
+    other_ckpt = open_split(tmp_path, checkpoint=CheckpointRef(name="ckpt-1b", fingerprint="fp-bbbb"), split="val")
+    write_grads(other_ckpt, "w0", ["v0"])
+    with pytest.raises(MismatchError, match="fp-aaaa.*fp-bbbb"):
+        t.ensure_comparable(other_ckpt.read())
+    same = open_split(tmp_path, split="val")
+    write_grads(same, "w0", ["v0"])
+    t.ensure_comparable(same.read())
+
+
+def test_empty_split_reads_empty_and_version_tracks_commits(tmp_path):
+    split = open_split(tmp_path, "float16")
+    t = split.read()
+    assert t.prompt_ids == [] and t.vectors.shape == (0, DIM) and t.vectors.dtype == np.float16
+    assert len(t.columns["status"]) == 0
+    v0 = split.version()
+    write_grads(split, "w0", ["a"])
+    v1 = split.version()
+    write_grads(split, "w1", ["b"])
+    assert len({v0, v1, split.version()}) == 3
+    assert open_split(tmp_path, "float16").version() == split.version()
+
+
+def test_open_split_and_list_splits(tmp_path):
+    gs = GradientStore(str(tmp_path))
+    assert gs.list_splits() == []
+    write_grads(open_split(tmp_path, split="pool"), "w0", ["a", "b", "c"])
+    write_grads(open_split(tmp_path, split="val", dtype="float16"), "w0", ["x"])
+    got = {s["split"]: s for s in gs.list_splits()}
+    assert got["pool"]["rows"] == 3 and got["val"]["rows"] == 1 and got["val"]["dtype"] == "float16"
+    assert {s["checkpoint"] for s in got.values()} == {CKPT.name}
+    with pytest.raises(NotFoundError, match="ckpt-1/spec0/pool"):
+        gs.open_split(CKPT.name, "spec0", "missing")
+    with pytest.raises(InvalidInputError, match="split name"):
+        gs.open_split(CKPT.name, "spec0", "../evil")
+    with pytest.raises(InvalidInputError, match="spec_id"):
+        gs.split(CKPT, {"seed": 1}, "pool", dim=4)
+
+
+# ---------------------------------------------------------------- crash safety
+
+def test_failed_commit_leaves_nothing_partial_and_resumes(tmp_path, monkeypatch):
+    pids = [f"p{i:02d}" for i in range(11)]
+    clean = open_split(tmp_path / "clean")
+    write_grads(clean, "w0", pids)
+    split = open_split(tmp_path / "crash")
+    real = ShardWriter._write_commit
+    calls = []
+
+    def fail_from_second(self, entries):  # the storage dies after one good commit
+        calls.append(len(entries))
+        if len(calls) >= 2:
+            raise OSError("simulated crash between shard file and commit file")
+        real(self, entries)
+
+    monkeypatch.setattr(ShardWriter, "_write_commit", fail_from_second)
+    with pytest.raises(OSError, match="simulated"):
+        with split.writer("w0", rows_per_shard=4) as w:
+            for pid in pids:
+                w.append(**grad_row(pid))
+    monkeypatch.setattr(ShardWriter, "_write_commit", real)
+    assert split.committed_prompt_ids() == set(pids[:4])
+    assert split.read().prompt_ids == pids[:4]
+    assert [f.name for f in shard_files(split)] == ["w0-000000.arrow", "w0-000001.arrow"]  # one orphan
+    write_grads(split, "w0", pids)  # reopening the writer removes the orphan first
+    assert "w0-000001.arrow" not in [f.name for f in shard_files(split)]
+    assert split.dataset.read().equals(clean.dataset.read())
+
+
+@pytest.mark.parametrize("kill_point", ["before_commit", "mid_shard_write"])
+def test_sigkilled_writer_leaves_nothing_partial_and_resumes(tmp_path, kill_point):
+    pids = [f"p{i:02d}" for i in range(10)]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, __file__, str(tmp_path / "crash"), kill_point, ",".join(pids)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    split = open_split(tmp_path / "crash")
+    assert split.committed_prompt_ids() == set(pids[:4])  # two shards of 2 committed, the third killed
+    leftovers = [f.name for f in shard_files(split) if f.name not in {"w0-000000.arrow", "w0-000001.arrow"}]
+    assert len(leftovers) == 1  # the killed shard: complete-but-uncommitted, or a half-written temporary
+    assert (".tmp-" in leftovers[0]) == (kill_point == "mid_shard_write")
+    assert split.read().prompt_ids == pids[:4]
+    write_grads(split, "w0", pids, rows_per_shard=2)
+    assert not any(f.name == leftovers[0] for f in shard_files(split))
+    clean = open_split(tmp_path / "clean")
+    write_grads(clean, "w0", pids, rows_per_shard=2)
+    assert split.dataset.read().equals(clean.dataset.read())
+
+
+def test_writer_only_removes_its_own_orphans(tmp_path):
+    split = open_split(tmp_path)
+    write_grads(split, "a", ["x"])
+    shards = Path(split.dataset.path, "shards")
+    (shards / "b-000000.arrow").write_bytes(b"in flight")  # another worker, mid-commit
+    (shards / "a-000007.arrow").write_bytes(b"killed")
+    (shards / "a-000008.arrow.tmp-0123abcd").write_bytes(b"half")
+    write_grads(split, "a", ["y"])
+    names = sorted(f.name for f in shards.iterdir())
+    assert names == ["a-000000.arrow", "a-000009.arrow", "b-000000.arrow"]  # numbering never reuses
+    assert split.read().prompt_ids == ["x", "y"]
+
+
+# ---------------------------------------------------------------- integrity
+
+def test_checksum_corruption_is_detected(tmp_path, monkeypatch):
+    split = open_split(tmp_path)
+    write_grads(split, "w0", [f"p{i}" for i in range(6)], rows_per_shard=3)
+    split.read()
+    victim = shard_files(split)[1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    monkeypatch.setattr(shard_io, "_verified", {})  # as in a fresh process
+    with pytest.raises(CorruptDataError, match=f"{victim.name}.*checksum.*Remove its entry"):
+        split.read()
+    victim.write_bytes(bytes(data[:-10]))
+    with pytest.raises(CorruptDataError, match="bytes, committed"):
+        split.read()
+    victim.unlink()
+    with pytest.raises(CorruptDataError, match="missing"):
+        split.read()
+
+
+def test_verified_checksums_are_cached_until_the_file_changes(tmp_path, monkeypatch):
+    split = open_split(tmp_path)
+    write_grads(split, "w0", [f"p{i}" for i in range(6)], rows_per_shard=2)
+    monkeypatch.setattr(shard_io, "_verified", {})
+    hashed = []
+    real = shard_io.sha256_file
+    monkeypatch.setattr(shard_io, "sha256_file", lambda fs, p: hashed.append(p) or real(fs, p))
+    split.read()
+    split.read()
+    split.read(verify=False)
+    assert len(hashed) == 3
+    victim = shard_files(split)[0]
+    victim.write_bytes(victim.read_bytes() + b"x")  # changes size and mtime
+    with pytest.raises(CorruptDataError):
+        split.read()
+
+
+def test_identity_mismatch_is_refused_and_data_left_intact(tmp_path):
+    split = open_split(tmp_path)
+    write_grads(split, "w0", ["a", "b"])
+    before = files_of(tmp_path)
+    with pytest.raises(MismatchError, match=r"spec\.seed \(stored 0, given 1\).*delete"):
+        open_split(tmp_path, spec=SPEC | {"seed": 1})
+    with pytest.raises(MismatchError, match=r"checkpoint\.fingerprint"):
+        open_split(tmp_path, checkpoint=CheckpointRef(name=CKPT.name, fingerprint="other"))
+    with pytest.raises(MismatchError, match=r"dtype"):
+        open_split(tmp_path, dtype="float16")
+    traj = TrajectoryStore.create_or_open(str(tmp_path / "traj"), TRAJ_IDENTITY)
+    with traj.writer("w0") as w:
+        w.commit_prompt_rows(traj_rows("a"))
+    before_traj = files_of(tmp_path)
+    with pytest.raises(MismatchError, match=r"sampling\.temperature"):
+        TrajectoryStore.create_or_open(str(tmp_path / "traj"), TRAJ_IDENTITY | {"sampling": {"temperature": 1.0,
+                                                                                            "n": 4}})
+    assert files_of(tmp_path) == before_traj
+    assert {k: v for k, v in before_traj.items() if not k.startswith("traj")} == before
+    assert open_split(tmp_path).read().prompt_ids == ["a", "b"]
+
+
+# ---------------------------------------------------------------- many writers
+
+def test_two_writers_union_and_dedup(tmp_path):
+    # Two workers, each with its own handle on the split, interleaving commits.
+    w_b = open_split(tmp_path).writer("worker-b", rows_per_shard=2)
+    w_a = open_split(tmp_path).writer("worker-a", rows_per_shard=2)
+    for pid in ["p0", "p1", "p2", "p3"]:
+        w_b.append(**grad_row(pid, salt="b"))
+    for pid in ["p2", "p4", "p3", "p5"]:  # p2, p3 recomputed by the other worker
+        w_a.append(**grad_row(pid, salt="a"))
+    w_a.close(), w_b.close()
+    split = open_split(tmp_path)
+    t = split.read()
+    assert sorted(t.prompt_ids) == ["p0", "p1", "p2", "p3", "p4", "p5"]
+    assert split.committed_prompt_ids() == set(t.prompt_ids)
+    assert t.prompt_ids == ["p2", "p4", "p3", "p5", "p0", "p1"]  # writer order (a, b), first wins
+    for pid in ["p2", "p3", "p4", "p5"]:
+        assert np.array_equal(t.vectors[t.index(pid)], grad_row(pid, salt="a")["vector"].astype(np.float32))
+    assert split.dataset.stats() == {"rows": 8, "shards": 4, "writers": 2}
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["w1", "w2", "w3"]),
+                          st.lists(st.integers(0, 12), min_size=1, max_size=5, unique=True)), max_size=8))
+def test_read_is_first_occurrence_in_writer_then_commit_order(tmp_path_factory, commits):
+    root = tmp_path_factory.mktemp("ds")
+    schema = pa.schema([pa.field("prompt_id", pa.string(), nullable=False), pa.field("tag", pa.int64())])
+    ds = ShardedDataset(str(root), {"kind": "test"}, "ipc", schema)
+    writers, brute = {}, {}
+    for n, (wid, keys) in enumerate(commits):
+        w = writers.setdefault(wid, ds.writer(wid))
+        keys = [f"k{k}" for k in keys if f"k{k}" not in w.committed_keys()]
+        w.commit(pa.table({"prompt_id": keys, "tag": [n] * len(keys)}, schema=schema))
+        brute.setdefault(wid, []).extend((k, n) for k in keys)
+    want, seen = [], set()
+    for wid in sorted(brute):
+        for k, n in brute[wid]:
+            if k not in seen:
+                seen.add(k), want.append((k, n))
+    got = ds.read()
+    assert list(zip(got["prompt_id"].to_pylist(), got["tag"].to_pylist())) == want
+    assert ds.committed_keys() == seen
+
+
+# ---------------------------------------------------------------- schema checks, zero copy, other filesystems
+
+def test_schema_errors_name_the_columns(tmp_path):
+    split = open_split(tmp_path)
+    w = split.dataset.writer("w0")
+    good = {"prompt_id": ["a"], "vector": pa.array([[0.0] * DIM], pa.list_(pa.float32(), DIM)),
+            "raw_norm": [1.0], "n_responses": pa.array([2], pa.int32()), "reward_mean": [0.5],
+            "reward_std": [0.1], "n_tokens": [10], "status": ["ok"]}
+    bad = dict(good, n_tokens=["ten"], extra=[1])
+    del bad["raw_norm"]
+    with pytest.raises(InvalidInputError) as e:
+        w.commit(pa.table(bad))
+    msg = str(e.value)
+    assert "missing columns ['raw_norm']" in msg and "unexpected columns ['extra']" in msg
+    assert "n_tokens is string, expected int64" in msg
+    with pytest.raises(InvalidInputError, match=r"nulls in required columns \['status'\]"):
+        w.commit(pa.table(dict(good, status=pa.array([None], pa.string()))))
+    with pytest.raises(InvalidInputError, match="vector is fixed_size_list"):
+        w.commit(pa.table(dict(good, vector=pa.array([[0.0] * 3], pa.list_(pa.float32(), 3)))))
+    w.commit(pa.table(good))
+    assert split.committed_prompt_ids() == {"a"}
+    with pytest.raises(InvalidInputError, match="already committed"):
+        w.commit(pa.table(good))
+    with pytest.raises(InvalidInputError, match="writer id"):
+        split.dataset.writer("../x")
+
+
+def _mapped_ranges(path: str) -> list[tuple[int, int]]:
+    out = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5] == path:
+            lo, hi = parts[0].split("-")
+            out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
+def test_local_ipc_read_is_memory_mapped_zero_copy(tmp_path):
+    split = open_split(tmp_path, dim=512, spec=SPEC | {"dim": 512})
+    write_grads(split, "w0", [f"p{i}" for i in range(200)], rows_per_shard=1000)
+    path = str(shard_files(split)[0].resolve())
+    allocated = pa.total_allocated_bytes()
+    t = split.read()
+    nbytes = t.vectors.nbytes
+    assert nbytes == 200 * 512 * 4
+    assert pa.total_allocated_bytes() - allocated < nbytes / 10  # vectors came from no Arrow allocation
+    lo, hi = min(_mapped_ranges(path)), max(_mapped_ranges(path))
+    assert lo[0] <= t.vectors.ctypes.data and t.vectors.ctypes.data + nbytes <= hi[1]
+    assert not t.vectors.flags.writeable  # a read-only view of the file
+    chunk = split.dataset.read().column("vector").chunk(0)
+    view = vectors_from_arrow(pa.chunked_array([chunk]), 512, "float32")
+    assert view.ctypes.data == chunk.values.buffers()[1].address  # the numpy view is the Arrow buffer
+
+
+def test_non_local_filesystem_path(tmp_path):
+    # A SubTreeFileSystem is not LocalFileSystem: exercises the streamed (not mmapped) branches.
+    fs = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    ds = ShardedDataset("ds", {"kind": "gradients-like"}, "ipc", gradient_schema(4, "float32"), filesystem=fs)
+    row = {"prompt_id": ["a", "b"], "vector": pa.array([[1, 2, 3, 4], [5, 6, 7, 8]], pa.list_(pa.float32(), 4)),
+           "raw_norm": [1.0, 2.0], "n_responses": pa.array([1, 2], pa.int32()), "reward_mean": [0.0, 1.0],
+           "reward_std": [0.0, 0.5], "n_tokens": [3, 4], "status": ["ok", "truncated"]}
+    ds.writer("w").commit(pa.table(row))
+    again = ShardedDataset("ds", filesystem=fs)
+    assert again.read().column("prompt_id").to_pylist() == ["a", "b"]
+    assert not list(tmp_path.rglob("*.tmp-*"))
+
+
+# ---------------------------------------------------------------- trajectories
+
+def test_trajectory_roundtrip_grouping_and_order(tmp_path):
+    store = TrajectoryStore.create_or_open(str(tmp_path), TRAJ_IDENTITY)
+    pids = [f"t{i}" for i in range(7)]
+    given = {p: traj_rows(p, k=3 + i % 3) for i, p in enumerate(pids)}
+    with store.writer("w0", prompts_per_shard=3) as w:
+        for p in pids:
+            w.commit_prompt_rows(given[p][::-1])  # sample order must not matter
+    assert len(store.dataset.commits()["w0"]) == 3
+    assert store.read_table().num_rows == sum(len(r) for r in given.values())
+    got = list(TrajectoryStore.open(str(tmp_path)).iter_prompts())
+    assert [g.prompt_id for g in got] == pids
+    for g in got:
+        rows = given[g.prompt_id]
+        assert g.prompt_token_ids == rows[0]["prompt_token_ids"]
+        assert g.responses == [r["response_token_ids"] for r in rows]
+        assert g.behavior_logprobs == [r["behavior_logprobs"] for r in rows]  # float32 values, exact
+        assert g.rewards == [r["reward"] for r in rows] and g.rewards[1] is None
+        assert g.finish_reasons == [r["finish_reason"] for r in rows]
+        assert g.texts == [r["response_text"] for r in rows]
+    subset = list(store.iter_prompts(["t5", "t0"]))
+    assert sorted(s.prompt_id for s in subset) == ["t0", "t5"]
+    with pytest.raises(NotFoundError, match="nope"):
+        list(store.iter_prompts(["t0", "nope"]))
+
+
+def _bad(mutate):
+    rows = traj_rows("bad", k=3)
+    mutate(rows)
+    return rows
+
+
+@pytest.mark.parametrize("rows, match", [
+    (_bad(lambda r: r[1].pop("reward")), r"missing \['reward'\]"),
+    (_bad(lambda r: r[0].update(extra=1)), r"unexpected \['extra'\]"),
+    (_bad(lambda r: r[2].update(prompt_id="other")), "different prompt_ids"),
+    (_bad(lambda r: r[2].update(sample_index=0)), "sample_index repeats"),
+    (_bad(lambda r: r[1].update(prompt_token_ids=[9, 9])), "disagree on prompt_token_ids"),
+    (_bad(lambda r: r[0].update(behavior_logprobs=r[0]["behavior_logprobs"] + [-1.0])), "one per token"),
+    (_bad(lambda r: r[0].update(reward=float("nan"))), "finite number"),
+    (_bad(lambda r: r[0].update(response_token_ids=["x"])), "trajectory schema"),
+    (_bad(lambda r: r[0].update(finish_reason=None)), "finish_reason"),
+    ([], "non-empty list"),
+])
+def test_bad_prompt_rows_are_rejected_whole(tmp_path, rows, match):
+    store = TrajectoryStore.create_or_open(str(tmp_path), TRAJ_IDENTITY)
+    with store.writer("w0") as w:
+        w.commit_prompt_rows(traj_rows("good"))
+        with pytest.raises(InvalidInputError, match=match):
+            w.commit_prompt_rows(rows)
+    assert store.committed_prompt_ids() == {"good"}
+
+
+def test_prompts_are_all_or_nothing_when_a_commit_fails(tmp_path, monkeypatch):
+    store = TrajectoryStore.create_or_open(str(tmp_path), TRAJ_IDENTITY)
+    monkeypatch.setattr(ShardWriter, "_write_commit", lambda self, e: (_ for _ in ()).throw(OSError("boom")))
+    with pytest.raises(OSError):
+        with store.writer("w0", prompts_per_shard=2) as w:
+            w.commit_prompt_rows(traj_rows("a"))
+            w.commit_prompt_rows(traj_rows("b"))
+    monkeypatch.undo()
+    assert store.committed_prompt_ids() == set() and store.read_table().num_rows == 0
+    with store.writer("w0") as w:
+        w.commit_prompt_rows(traj_rows("a"))
+        w.commit_prompt_rows(traj_rows("c"))
+    assert [p.prompt_id for p in store.iter_prompts()] == ["a", "c"]
+    assert [f.name for f in (tmp_path / "shards").iterdir()] == ["w0-000001.parquet"]
+
+
+def test_corrupt_trajectory_rows_raise_on_read(tmp_path):
+    store = TrajectoryStore.create_or_open(str(tmp_path), TRAJ_IDENTITY)
+    rows = traj_rows("x", k=2)
+    rows[1]["behavior_logprobs"] = []  # bypass the writer's checks, as a foreign tool might
+    store.dataset.writer("raw").commit(pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA))
+    with pytest.raises(CorruptDataError, match="prompt 'x'.*one per token"):
+        list(store.iter_prompts())
+
+
+def test_trajectory_store_open_fingerprint_and_kind(tmp_path):
+    with pytest.raises(NotFoundError, match="no dataset"):
+        TrajectoryStore.open(str(tmp_path / "none"))
+    store = TrajectoryStore.create_or_open(str(tmp_path / "t"), TRAJ_IDENTITY)
+    assert store.identity == {"kind": "trajectories", **TRAJ_IDENTITY}
+    empty = store.fingerprint
+    assert TrajectoryStore.open(str(tmp_path / "t")).fingerprint == empty
+    with store.writer("w0") as w:
+        w.commit_prompt_rows(traj_rows("a"))
+    assert store.fingerprint != empty and len(store.fingerprint) == 16
+    with pytest.raises(InvalidInputError, match="kind 'trajectories'"):
+        TrajectoryStore.create_or_open(str(tmp_path / "k"), TRAJ_IDENTITY | {"kind": "gradients"})
+    assert not (tmp_path / "k").exists()
+    with pytest.raises(MismatchError, match="not trajectories"):
+        TrajectoryStore.open(open_split(tmp_path / "g").dataset.path)
+
+
+def test_manifest_is_readable_json(tmp_path):
+    split = open_split(tmp_path)
+    manifest = json.loads(Path(split.dataset.path, "manifest.json").read_text())
+    assert manifest["identity"]["checkpoint"] == CKPT.model_dump()
+    assert manifest["columns"]["vector"] == f"fixed_size_list<item: float>[{DIM}]"
+    assert manifest["identity"]["dim"] == DIM and manifest["format"] == "ipc" and manifest["key"] == "prompt_id"
+
+
+# ---------------------------------------------------------------- the child process of the SIGKILL test
+
+def _child_main(root: str, kill_point: str, pids: list[str]) -> None:
+    """Write ``pids`` two per shard and SIGKILL this process while writing the third shard."""
+    from cropi.store import sharded
+
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if kill_point == "before_commit":  # shard file complete, commit file not yet rewritten
+        real_commit = sharded.ShardWriter._write_commit
+
+        def hook(self, entries):
+            if len(entries) == 3:
+                die()
+            real_commit(self, entries)
+
+        sharded.ShardWriter._write_commit = hook
+    else:  # half the bytes of the third shard's temporary file on disk
+        real_write = fsio._write_local_synced
+        seen = []
+
+        def hook(path, data):
+            if "/shards/" in path:
+                seen.append(path)
+                if len(seen) == 3:
+                    Path(path).write_bytes(data[: len(data) // 2])
+                    die()
+            real_write(path, data)
+
+        fsio._write_local_synced = hook
+    write_grads(open_split(root), "w0", pids, rows_per_shard=2)
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1], sys.argv[2], sys.argv[3].split(","))
