@@ -1,0 +1,134 @@
+"""``ProjectionSpec``: everything that determines a projected vector.
+
+Two vectors may be compared only if their specs are equal; ``spec_id`` is the
+short stable name stores and manifests use for a spec.
+
+Field meanings:
+
+- ``kind``: ``sjlt`` (sparse JL / count-sketch, ``nnz`` nonzeros per kept
+  column), ``gaussian`` (dense N(0, 1/k)), ``rademacher`` (dense +-1/sqrt(k)),
+  ``identity`` (the kept coordinates themselves, no mixing).
+- ``dim``: k, the output length. Ignored by ``identity`` (whose output length
+  is the number of kept coordinates): leave it unset (or None) there; it is
+  stored as None so equal identity specs have equal ids.
+- ``kept_fraction``: the *expected* fraction of coordinates kept. Each
+  coordinate is kept independently (a hashed Bernoulli draw), so the exact
+  count varies; the projector reports it as ``n_kept``.
+- ``seed``: seeds every hash. ``nnz``: nonzeros per column (``sjlt`` only;
+  the other kinds ignore it, though it still enters ``spec_id``).
+- ``include`` / ``exclude``: regular expressions matched with ``re.search``
+  against parameter names; a parameter is projected iff it matches
+  ``include`` (or include is None) and does not match ``exclude``.
+- ``identity_limit``: the most coordinates an ``identity`` projector will emit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from cropi.errors import MismatchError
+
+DEFAULT_DIM = 32768
+MAX_DIM = 2**24  # keeps row indices in int32 and dense entry indices far from int64 overflow
+MAX_SEED = 2**63 - 1
+
+
+class SpecMismatchError(MismatchError):
+    """A stored spec does not match its recorded spec_id, or two specs differ."""
+
+
+class ProjectionSpec(BaseModel):
+    """How gradients are projected; part of every stored vector's identity."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["sjlt", "gaussian", "rademacher", "identity"] = "sjlt"
+    dim: int | None = DEFAULT_DIM
+    kept_fraction: float = 0.1
+    seed: int = 0
+    nnz: int = 4
+    include: str | None = None
+    exclude: str | None = None
+    identity_limit: int = 2**24
+
+    @model_validator(mode="before")
+    @classmethod
+    def _identity_ignores_dim(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("kind") == "identity":
+            dim = data.get("dim")
+            if dim is not None and dim != DEFAULT_DIM:
+                raise ValueError(f"dim is ignored for kind='identity' (its output length is the kept count); "
+                                 f"leave dim unset, got dim={dim!r}")
+            data = {**data, "dim": None}
+        return data
+
+    @field_validator("kept_fraction")
+    @classmethod
+    def _check_fraction(cls, v: float) -> float:
+        if not (math.isfinite(v) and 0.0 < v <= 1.0):
+            raise ValueError(f"kept_fraction must be in (0, 1], got {v!r}")
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _check_seed(cls, v: int) -> int:
+        if not 0 <= v <= MAX_SEED:
+            raise ValueError(f"seed must be in [0, 2**63 - 1], got {v!r}")
+        return v
+
+    @field_validator("identity_limit")
+    @classmethod
+    def _check_limit(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"identity_limit must be >= 1, got {v!r}")
+        return v
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _check_regex(cls, v: str | None, info) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"{info.field_name} is not a valid regular expression ({exc}): {v!r}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _check_dim_and_nnz(self) -> "ProjectionSpec":
+        if self.kind == "identity":
+            return self
+        if self.dim is None or not 1 <= self.dim <= MAX_DIM:
+            raise ValueError(f"dim must be an integer in [1, {MAX_DIM}] for kind={self.kind!r}, got {self.dim!r}")
+        hi = self.dim if self.kind == "sjlt" else None
+        if self.nnz < 1 or (hi is not None and self.nnz > hi):
+            raise ValueError(f"nnz must be in [1, dim={self.dim}] for kind='sjlt' (and >= 1 otherwise), got {self.nnz!r}")
+        return self
+
+    @property
+    def spec_id(self) -> str:
+        """First 16 hex digits of sha256 over the canonical (sorted-key) JSON."""
+        canon = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> "ProjectionSpec":
+        """Rebuild a spec from a manifest record, checking its ``spec_id`` if present."""
+        fields = {k: v for k, v in record.items() if k != "spec_id"}
+        spec = cls(**fields)
+        recorded = record.get("spec_id")
+        if recorded is not None and recorded != spec.spec_id:
+            raise SpecMismatchError(f"recorded spec_id {recorded!r} does not match the spec's fields "
+                                    f"(which hash to {spec.spec_id!r}): the record was edited or is corrupt")
+        return spec
+
+    def require_same(self, other: "ProjectionSpec") -> None:
+        """Raise ``SpecMismatchError`` unless ``other`` is the same spec."""
+        if other.spec_id != self.spec_id:
+            raise SpecMismatchError(f"projection specs differ ({self.spec_id} vs {other.spec_id}): vectors "
+                                    "projected under different specs cannot be compared; re-project one side")

@@ -1,0 +1,1 @@
+"""Layer 0 helpers: hashing, atomic writes, fingerprints, progress."""
