@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 from scipy.stats import spearmanr
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, load_model, small_model, synthetic_trajectories, write_json  # noqa: E402
@@ -39,14 +40,17 @@ def grid_specs() -> dict[str, ProjectionSpec]:
     return specs
 
 
-def exact_gradients(model, trajs, block: int):
+def exact_gradients(model, trajs, block: int, label: str):
     """Yield (status list, float32 matrix of full gradients) block by block."""
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     full = make_projector(ProjectionSpec(kind="identity", kept_fraction=1.0, identity_limit=2**26), shapes)
     computer = GradientComputer(model, full)
+    bar = tqdm(total=len(trajs), desc=f"{label} gradients + projections", unit="prompt")
     for start in range(0, len(trajs), block):
         results = [computer.compute(t) for t in trajs[start:start + block]]
         yield [r.status for r in results], np.stack([r.vector for r in results])
+        bar.update(len(results))
+    bar.close()
 
 
 def precision_at(exact: np.ndarray, approx: np.ndarray, frac: float = 0.1) -> float:
@@ -73,7 +77,7 @@ def run(quick: bool, out: Path, workdir: Path) -> dict:
     t_setup = time.perf_counter() - t0
 
     val_sum, val_n, val_proj = 0.0, 0, {name: 0.0 for name in specs}
-    for status, g in exact_gradients(model, val, 16):
+    for status, g in exact_gradients(model, val, 16, "validation"):
         ok = np.array(status) == "ok"
         val_sum = val_sum + g[ok].astype(np.float64).sum(0)
         val_n += int(ok.sum())
@@ -82,7 +86,7 @@ def run(quick: bool, out: Path, workdir: Path) -> dict:
     v_exact = val_sum / val_n
 
     exact, proj, statuses = [], {name: [] for name in specs}, []
-    for status, g in exact_gradients(model, pool, 16):
+    for status, g in exact_gradients(model, pool, 16, "pool"):
         statuses += status
         exact.append(cosines(g.astype(np.float64), v_exact))
         for name, p in projectors.items():

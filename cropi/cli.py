@@ -33,6 +33,7 @@ def _collect_args(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
     p.add_argument("--reward", default="math_verify")
+    p.add_argument("--batch-prompts", type=int, default=32, help="prompts generated (and committed) at once")
     _shard_args(p)
 
 
@@ -61,7 +62,7 @@ def _collect(a):
     sampling = SamplingConfig(samples=a.samples, temperature=a.temperature, top_p=a.top_p,
                               max_new_tokens=a.max_new_tokens, seed=a.seed)
     job = CollectJob(model=a.model, prompts=a.prompts, out=a.out, sampling=sampling, backend=a.backend,
-                     reward=a.reward, shard=parse_shard(a.shard))
+                     reward=a.reward, shard=parse_shard(a.shard), batch_prompts=a.batch_prompts)
     return _run_job(a, collect, job)
 
 
@@ -80,6 +81,7 @@ def _gradient_args(p):
     p.add_argument("--clip", type=float, default=None, help="PPO ratio clip epsilon (default: unclipped)")
     p.add_argument("--token-budget", type=int, default=8192, help="padded tokens per micro-batch")
     p.add_argument("--dtype", choices=["float16", "float32"], default="float16", help="stored vector dtype")
+    p.add_argument("--rows-per-shard", type=int, default=64, help="prompts per committed shard")
     p.add_argument("--device", default="auto")
     _shard_args(p)
 
@@ -95,7 +97,8 @@ def gradient_job_from_args(a):
     spec = ProjectionSpec(**{k: v for k, v in spec_fields.items() if v is not None})
     return GradientJob(model=a.model, trajectories=a.trajectories, store=a.store, split=a.split, name=a.name,
                        spec=spec, loss=LossOptions(clip_eps=a.clip, token_budget=a.token_budget),
-                       shard=parse_shard(a.shard), dtype=a.dtype, device=a.device)
+                       shard=parse_shard(a.shard), dtype=a.dtype, device=a.device,
+                       rows_per_shard=a.rows_per_shard)
 
 
 @command("gradients", "POPI gradients of one split at one checkpoint, projected, into the store")(_gradient_args)
@@ -139,6 +142,40 @@ def _format_ranking(res, limit: int) -> str:
         lines.append("\t".join(str(r["rank"]) if c == "rank" else (f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])) for c in head))
     lines.append(f"excluded: {res.excluded or 'none'}; selected: {sum(res.table['selected'].to_pylist())}")
     return "\n".join(lines)
+
+
+def _curriculum_args(p):
+    p.add_argument("--config", required=True, help="curriculum config, YAML or JSON (see cropi.pipeline.curriculum)")
+    p.add_argument("--root", required=True, help="run root: trajectories, store and curricula/<name>/ go here")
+
+
+@command("curriculum", "run (or resume) a staged curriculum: score, select, train, repeat")(_curriculum_args)
+def _curriculum(a):
+    from cropi.pipeline.curriculum import CurriculumConfig, run_curriculum
+
+    return run_curriculum(CurriculumConfig.from_file(a.config), root=a.root, progress=_bar(a))
+
+
+def _demo_args(p):
+    p.add_argument("--quick", action="store_true", help="fewer prompts, stages, steps and seeds (a few minutes)")
+    p.add_argument("--out", default="out/demo", help="output folder (rerun with the same folder to resume)")
+    p.add_argument("--seeds", type=int, help="training seeds per method (default: 3, --quick: 2)")
+    p.add_argument("--workers", type=int, help="worker processes (default 2: one per core)")
+    p.add_argument("--backend", choices=["hf", "vllm"], help="trajectory collection backend (default hf)")
+    p.add_argument("--warm-start", action="store_true", help="warm-start the model now instead of using the shipped one")
+
+
+@command("demo", "CROPI against full-pool, random and pass-rate selection on a synthetic task (CPU)")(_demo_args)
+def _demo(a):
+    from cropi.demo import DemoSettings, run_demo
+
+    given = {"seeds": a.seeds, "workers": a.workers, "backend": a.backend}
+    overrides = {k: v for k, v in given.items() if v is not None}
+    settings = DemoSettings.make(quick=a.quick, **overrides)
+    report = run_demo(settings, a.out, warm_start=a.warm_start)
+    acc = report["step_acceleration"]
+    return {"out": a.out, "step_acceleration": {k: acc[k] for k in ("mean", "std", "n", "undefined")},
+            "timing_s": report["timing_s"]}
 
 
 def _serve_args(p):

@@ -45,26 +45,22 @@ def collect(job: CollectJob, progress: Progress | None = None, backend=None) -> 
     tokenizer = load_tokenizer(job.model)
     everything = load_prompts(job.prompts)
     records = [r for r in everything if in_shard(r.prompt_id, shard)]
-    max_len = _max_model_len(job.model)
-    rendered = {}
-    for r in records:
-        ids = render_prompt(tokenizer, r.prompt)
-        check_prompt_fits(len(ids), job.sampling.max_new_tokens, max_len, r.prompt_id)
-        rendered[r.prompt_id] = ids
-    identity = {"kind": "trajectories",
-                "model": {"path": job.model, "fingerprint": model_fingerprint(job.model)},
-                "tokenizer": tokenizer_fingerprint(tokenizer), "sampling": job.sampling.model_dump(),
-                "seed": job.sampling.seed, "backend": job.backend, "reward": job.reward,
-                "prompts_fingerprint": prompts_fingerprint(everything)}
-    store = TrajectoryStore.create_or_open(job.out, identity)
-    done = store.committed_prompt_ids()
-    todo = [r for r in records if r.prompt_id not in done]
-    progress("collect", len(records) - len(todo), len(records))
-    if not todo:
-        return {"collected": 0, "skipped": len(records), "total": len(records)}
+    rendered = {r.prompt_id: render_prompt(tokenizer, r.prompt) for r in records}
     own = backend is None
     backend = backend or make_backend(job.backend, job.model, **job.backend_options)
     try:
+        for r in records:  # every prompt checked before the store is touched
+            check_prompt_fits(len(rendered[r.prompt_id]), job.sampling.max_new_tokens, backend.max_model_len,
+                              r.prompt_id)
+        identity = {"kind": "trajectories",
+                    "model": {"path": job.model, "fingerprint": model_fingerprint(job.model)},
+                    "tokenizer": tokenizer_fingerprint(tokenizer), "sampling": job.sampling.model_dump(),
+                    "seed": job.sampling.seed, "backend": job.backend, "reward": job.reward,
+                    "prompts_fingerprint": prompts_fingerprint(everything)}
+        store = TrajectoryStore.create_or_open(job.out, identity)
+        done = store.committed_prompt_ids()
+        todo = [r for r in records if r.prompt_id not in done]
+        progress("collect", len(records) - len(todo), len(records))
         _run(store, backend, todo, rendered, job, reward_fn, shard, progress, len(records) - len(todo), len(records))
     finally:
         if own:
@@ -73,7 +69,7 @@ def collect(job: CollectJob, progress: Progress | None = None, backend=None) -> 
 
 
 def _run(store, backend, todo, rendered, job, reward_fn, shard, progress, start, total) -> None:
-    with store.writer(writer_id(shard)) as writer:
+    with store.writer(writer_id(shard), prompts_per_shard=job.batch_prompts) as writer:
         for b in range(0, len(todo), job.batch_prompts):
             batch = todo[b:b + job.batch_prompts]
             outputs = backend.generate([rendered[r.prompt_id] for r in batch],
@@ -90,9 +86,3 @@ def _row(prompt_id, prompt_ids, k, sample, reward) -> dict:
             "response_token_ids": list(sample.token_ids), "behavior_logprobs": list(sample.logprobs),
             "response_text": sample.text, "reward": reward, "finish_reason": sample.finish_reason}
 
-
-def _max_model_len(model_path: str) -> int:
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(model_path, trust_remote_code=False)
-    return int(getattr(cfg, "max_position_embeddings", 4096))

@@ -15,7 +15,6 @@ from pathlib import Path
 from cropi.errors import InvalidInputError, NotFoundError
 
 CONFIG_FILES = ("config.json",)
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
@@ -40,7 +39,7 @@ def model_fingerprint(path: str | Path) -> str:
         raise InvalidInputError(f"{folder} is not a model folder: expected config.json (and weight "
                                 "files) as written by save_pretrained")
     files = fingerprinted_files(folder)
-    if not any(f.name.endswith(WEIGHT_SUFFIXES) for f in files):
+    if not any(is_weight_file(f.name) for f in files):
         raise InvalidInputError(f"{folder} has no weight files: expected *.safetensors or *.bin "
                                 "beside config.json")
     digest = hashlib.sha256()
@@ -51,11 +50,15 @@ def model_fingerprint(path: str | Path) -> str:
     return digest.hexdigest()[:FINGERPRINT_CHARS]
 
 
+def is_weight_file(name: str) -> bool:
+    """Model weights as save_pretrained names them (not a trainer's optimizer or rng state)."""
+    return name.endswith(".safetensors") or (name.startswith("pytorch_model") and name.endswith(".bin"))
+
+
 def fingerprinted_files(folder: Path) -> list[Path]:
     """The files that make up a checkpoint's identity, in a fixed order."""
     names = set(CONFIG_FILES) | set(WEIGHT_INDEXES) | set(TOKENIZER_FILES)
-    return sorted(f for f in folder.iterdir()
-                  if f.is_file() and (f.name in names or f.name.endswith(WEIGHT_SUFFIXES)))
+    return sorted(f for f in folder.iterdir() if f.is_file() and (f.name in names or is_weight_file(f.name)))
 
 
 def _hash_file(digest, f: Path) -> None:
