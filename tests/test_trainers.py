@@ -435,7 +435,7 @@ def test_verl_python_defaults_to_the_environment_variable(monkeypatch):
 
 
 def test_verl_reward_function_uses_the_named_reward():
-    from cropi.trainers.verl_reward import compute_score
+    from cropi.rewards.verl_reward import compute_score
 
     assert compute_score("arithmetic", "so it is 42", "42", {}, reward_name="exact_numeric") == 1.0
     assert compute_score("arithmetic", "so it is 41", "42", {}, reward_name="exact_numeric") == 0.0

@@ -16,7 +16,7 @@ Hugging Face folder (``out_dir/checkpoint``) the next stage's scoring loads.
 
 verl pins an older transformers than vLLM's CPU build, so it usually lives in its
 own environment: ``VerlOptions.python`` names that interpreter (cropi must be
-installed there too: the reward workers import ``cropi.trainers.verl_reward``).
+installed there too: the reward workers import ``cropi.rewards.verl_reward``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ MERGER = "verl.model_merger"
 # The reward name that keeps verl's own scorer (chosen by each row's data_source).
 VERL_DEFAULT_REWARD = "verl_default"
 TRACKER = "latest_checkpointed_iteration.txt"  # verl's pointer to its newest global_step_N
-REWARD_FILE = Path(__file__).with_name("verl_reward.py")
+REWARD_FILE = Path(__file__).parents[1] / "rewards" / "verl_reward.py"
 # verl metric names summarised into StageResult.metrics.
 REWARD_METRIC, LOSS_METRIC, KL_METRIC = "critic/score/mean", "actor/pg_loss", "actor/kl_loss"
 _NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
