@@ -190,7 +190,7 @@ def _serve_args(p):
 def _serve(a):
     from services.cli import serve
 
-    serve(root=a.root, host=a.host, port=a.port, token_file=a.token_file, data_roots=a.data_root)
+    serve(root=a.root, host=a.host, port=a.port, token_file=a.token_file, data_roots=a.data_root or ())
 
 
 def _bar(a):

@@ -1,0 +1,249 @@
+"""Serving benchmark: ranking pages and gradient lookups from a big synthetic store.
+
+    python benchmarks/service.py --out DIR [--prompts 100000 --dim 8192 --clients 50 --duration 30]
+
+1. Writes ``--prompts`` synthetic pool gradients (float16, length ``--dim``) and two
+   validation splits straight into a store with cropi.store's writer, and persists their
+   ranking with cropi.pipeline.rank (the same code the scoring job runs).
+2. Registers the checkpoint in the service's tables as scored (no model or scoring job: the
+   point is serving, not computing).
+3. Starts the real server (``python -m services serve``) on 127.0.0.1 with a token and
+   measures, one request at a time: a ranking page of 1,000 (p50/p99 over random offsets,
+   the first, cache-filling request reported apart), a single gradient lookup (JSON), and a
+   batch of 100 as JSON and as Arrow.
+4. A load run: ``--clients`` concurrent httpx async clients for ``--duration`` seconds, half
+   ranking pages, half gradient lookups: requests/s, errors, latency percentiles.
+
+Writes DIR/service_benchmark.json and prints a short report. Goal: ranking page p99 < 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from cropi.pipeline.rank import rank  # noqa: E402
+from cropi.projection import ProjectionSpec  # noqa: E402
+from cropi.store import CheckpointRef, GradientStore  # noqa: E402
+from services.jobs import JobStore  # noqa: E402
+from services.registry import CheckpointRow, Registry, new_id  # noqa: E402
+from services.service import scoring_key  # noqa: E402
+from services.settings import ServiceSettings  # noqa: E402
+
+NAME = "bench"
+VALIDATION = ("gsm", "math")
+
+
+def write_split(store: GradientStore, spec: ProjectionSpec, split: str, n: int, dim: int, seed: int,
+                prefix: str) -> float:
+    """``n`` synthetic rows (5% zero_advantage with zero vectors); returns seconds taken."""
+    start = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    ref = CheckpointRef(name=NAME, fingerprint="synthetic-benchmark")
+    gsplit = store.split(ref, spec.model_dump() | {"spec_id": spec.spec_id}, split, dim=dim, dtype="float16")
+    block = 4096
+    with gsplit.writer("w0", rows_per_shard=2048) as writer:
+        for lo in range(0, n, block):
+            vecs = rng.standard_normal((min(block, n - lo), dim), dtype=np.float32).astype(np.float16)
+            for j, v in enumerate(vecs):
+                i = lo + j
+                status = "zero_advantage" if i % 20 == 7 else "ok"
+                writer.append(f"{prefix}{i:07d}", v if status == "ok" else np.zeros(dim, np.float16),
+                              float(np.linalg.norm(v)), 8, 0.5, 0.3, 100 + i % 200, status)
+    return time.perf_counter() - start
+
+
+def register(settings: ServiceSettings, spec_id: str) -> str:
+    """A checkpoint row whose scoring job is recorded as succeeded."""
+    registry, jobs = Registry(settings.db_path), JobStore(settings.db_path)
+    ids = [registry.add_dataset(n, f"/synthetic/{n}.jsonl", "validation", 100).id for n in VALIDATION]
+    pool = registry.add_dataset("pool_set", "/synthetic/pool.jsonl", "pool", 0).id
+    job = jobs.create("scoring", "services.library:scoring_job", {"name": NAME},
+                      key=scoring_key(NAME, spec_id))
+    claimed = jobs.claim("benchmark", max_attempts=1)
+    jobs.finish(job.id, claimed.attempts, "succeeded", result={"spec_id": spec_id})
+    row = CheckpointRow(new_id("ck"), NAME, "/synthetic/model", pool, ids, spec_id, job.id, time.time())
+    registry.add_checkpoint(row)
+    return row.id
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(root: Path, port: int, token_file: Path, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "services", "serve", "--root", str(root), "--port", str(port),
+           "--token-file", str(token_file), "--workers", "0"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"the server did not come up; see {log}")
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    a = np.asarray(samples) * 1000
+    return {"n": len(a), "p50_ms": round(float(np.percentile(a, 50)), 2),
+            "p99_ms": round(float(np.percentile(a, 99)), 2), "max_ms": round(float(a.max()), 2)}
+
+
+def timed(client, method: str, url: str, **kw) -> tuple[float, object]:
+    t = time.perf_counter()
+    r = client.request(method, url, **kw)
+    elapsed = time.perf_counter() - t
+    r.raise_for_status()
+    return elapsed, r
+
+
+def sequential(base: str, token: str, ck: str, pool_ids: list[str], total: int, repeats: int) -> dict:
+    import httpx
+
+    rng = random.Random(0)
+    out: dict = {}
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=120) as c:
+        first, r = timed(c, "GET", f"/v1/checkpoints/{ck}/ranking", params={"limit": 1000})
+        out["ranking_first_request_ms"] = round(first * 1000, 1)
+        assert len(r.json()["items"]) == 1000
+        pages = [timed(c, "GET", f"/v1/checkpoints/{ck}/ranking",
+                       params={"offset": rng.randrange(0, total - 1000), "limit": 1000})[0] for _ in range(repeats)]
+        out["ranking_page_1000"] = percentiles(pages)
+        by_set = [timed(c, "GET", f"/v1/checkpoints/{ck}/ranking",
+                        params={"offset": rng.randrange(0, total - 1000), "limit": 1000, "validation": "math"})[0]
+                  for _ in range(repeats)]
+        out["ranking_page_1000_by_validation_set"] = percentiles(by_set[1:])
+        first, _ = timed(c, "GET", f"/v1/checkpoints/{ck}/gradients/{pool_ids[0]}")
+        out["gradient_first_request_ms"] = round(first * 1000, 1)
+        out["gradient_lookup_json"] = percentiles(
+            [timed(c, "GET", f"/v1/checkpoints/{ck}/gradients/{rng.choice(pool_ids)}")[0] for _ in range(repeats)])
+        out["gradient_lookup_arrow"] = percentiles(
+            [timed(c, "GET", f"/v1/checkpoints/{ck}/gradients/{rng.choice(pool_ids)}",
+                   headers={"Accept": "application/vnd.apache.arrow.stream"})[0] for _ in range(repeats)])
+        batch = lambda: {"prompt_ids": rng.sample(pool_ids, 100)}  # noqa: E731
+        out["gradient_batch_100_json"] = percentiles(
+            [timed(c, "POST", f"/v1/checkpoints/{ck}/gradients:batch", json=batch())[0] for _ in range(repeats // 4)])
+        out["gradient_batch_100_arrow"] = percentiles(
+            [timed(c, "POST", f"/v1/checkpoints/{ck}/gradients:batch", json=batch(),
+                   headers={"Accept": "application/vnd.apache.arrow.stream"})[0] for _ in range(repeats // 4)])
+    return out
+
+
+async def load_run(base: str, token: str, ck: str, pool_ids: list[str], total: int, clients: int,
+                   duration: float) -> dict:
+    import httpx
+
+    latencies: dict[str, list[float]] = {"ranking": [], "gradient": []}
+    errors: dict[str, int] = {}
+    stop_at = time.monotonic() + duration
+
+    async def client(i: int) -> None:
+        rng = random.Random(i)
+        limits = httpx.Limits(max_connections=1)
+        async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60,
+                                     limits=limits) as c:
+            while time.monotonic() < stop_at:
+                kind = "ranking" if rng.random() < 0.5 else "gradient"
+                if kind == "ranking":
+                    req = c.get(f"/v1/checkpoints/{ck}/ranking",
+                                params={"offset": rng.randrange(0, total - 1000), "limit": 1000})
+                else:
+                    req = c.get(f"/v1/checkpoints/{ck}/gradients/{rng.choice(pool_ids)}")
+                t = time.perf_counter()
+                try:
+                    r = await req
+                    ok = r.status_code == 200
+                    key = str(r.status_code)
+                except httpx.HTTPError as e:
+                    ok, key = False, type(e).__name__
+                if ok:
+                    latencies[kind].append(time.perf_counter() - t)
+                else:
+                    errors[key] = errors.get(key, 0) + 1
+
+    start = time.monotonic()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    wall = time.monotonic() - start
+    done = sum(len(v) for v in latencies.values())
+    return {"clients": clients, "seconds": round(wall, 1), "requests": done,
+            "requests_per_s": round(done / wall, 1), "errors": sum(errors.values()), "error_kinds": errors,
+            "ranking_page_1000": percentiles(latencies["ranking"]) if latencies["ranking"] else None,
+            "gradient_lookup_json": percentiles(latencies["gradient"]) if latencies["gradient"] else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--prompts", type=int, default=100_000)
+    p.add_argument("--dim", type=int, default=8192)
+    p.add_argument("--validation-prompts", type=int, default=100)
+    p.add_argument("--clients", type=int, default=50)
+    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--repeats", type=int, default=200, help="sequential requests per measured kind")
+    a = p.parse_args(argv)
+
+    root = a.out / "root"
+    if root.exists():
+        raise SystemExit(f"{root} exists: give an empty --out")
+    settings = ServiceSettings(root=root)
+    store = GradientStore(str(settings.store))
+    spec = ProjectionSpec(dim=a.dim)
+    report: dict = {"prompts": a.prompts, "dim": a.dim, "dtype": "float16", "machine": platform.platform(),
+                    "cpus": os.cpu_count()}
+    report["write_pool_s"] = round(write_split(store, spec, "pool", a.prompts, a.dim, 0, "p"), 1)
+    for j, v in enumerate(VALIDATION):
+        write_split(store, spec, v, a.validation_prompts, a.dim, 1 + j, f"{v}-")
+    t = time.perf_counter()
+    ranking = rank(str(settings.store), NAME, "pool", list(VALIDATION), top_fraction=0.1, spec_id=spec.spec_id)
+    report["rank_and_persist_s"] = round(time.perf_counter() - t, 1)
+    ranked = int((ranking.table["rank"].to_numpy() > 0).sum())
+    ck = register(settings, spec.spec_id)
+    pool_ids = [f"p{i:07d}" for i in range(a.prompts)]
+
+    token = secrets.token_hex(16)
+    token_file = a.out / "token"
+    token_file.write_text(token)
+    port = free_port()
+    server = start_server(root, port, token_file, a.out / "server.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        report["sequential"] = sequential(base, token, ck, pool_ids, ranked, a.repeats)
+        report["load"] = asyncio.run(load_run(base, token, ck, pool_ids, ranked, a.clients, a.duration))
+        import httpx
+
+        rss = [ln for ln in Path(f"/proc/{server.pid}/status").read_text().splitlines() if ln.startswith("VmRSS")]
+        report["server_rss"] = rss[0].split(":", 1)[1].strip() if rss else None
+        report["server_ok_after"] = httpx.get(f"{base}/healthz").status_code == 200
+    finally:
+        server.terminate()
+        server.wait(30)
+    report["goal_ranking_p99_under_50ms"] = report["sequential"]["ranking_page_1000"]["p99_ms"] < 50
+    (a.out / "service_benchmark.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

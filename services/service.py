@@ -1,0 +1,199 @@
+"""What the endpoints do, without HTTP: registration, job submission, reading results.
+
+Stored results are served from in-memory views cached per (checkpoint, spec[, split]) and
+keyed by a version token of what is stored (the ranking file's mtime and size, a split's
+manifest), so a page request never re-reads the store unless the stored result changed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Hashable
+
+from cropi.errors import InvalidInputError
+from services import models
+from services.cache import VersionedCache
+from services.errors import NotReadyError, UnknownIdError
+from services.jobs import Job, JobStore
+from services.library import POOL_SPLIT, Library
+from services.paths import confine
+from services.registry import CheckpointRow, CurriculumRow, DatasetRow, Registry, new_id
+from services.runner import Runner
+from services.settings import ServiceSettings
+from services.views import FUSED, GradientView, RankingView
+
+RANKING_CACHE_SIZE = 16
+GRADIENT_CACHE_SIZE = 2  # a split of 100k prompts at k=8192 is over a GB in float16
+
+
+def job_view(job: Job) -> dict[str, Any]:
+    """The API form of a job row."""
+    return {"id": job.id, "kind": job.kind, "state": job.state, "progress": job.progress, "error": job.error,
+            "result": job.result, "attempts": job.attempts, "created": job.created, "updated": job.updated}
+
+
+class Service:
+    """The service's state and operations; one per app."""
+
+    def __init__(self, settings: ServiceSettings, library: Library, runner: Runner, jobs: JobStore,
+                 registry: Registry):
+        self.settings, self.library, self.runner, self.jobs, self.registry = settings, library, runner, jobs, registry
+        self.rankings: VersionedCache[RankingView] = VersionedCache(RANKING_CACHE_SIZE)
+        self.gradient_views: VersionedCache[GradientView] = VersionedCache(GRADIENT_CACHE_SIZE)
+
+    def confine(self, path: str) -> Path:
+        return confine(path, self.settings.data_roots)
+
+    # datasets
+
+    def add_dataset(self, body: models.DatasetCreate) -> DatasetRow:
+        path = self.confine(body.path)
+        if not path.is_file() and not path.is_dir():
+            raise InvalidInputError(f"no prompt file at {body.path!r} (resolved to {str(path)!r}): "
+                                    "check the path; it is read on the service's machine")
+        n = self.library.count_prompts(str(path))
+        if n == 0:
+            raise InvalidInputError(f"{body.path!r} holds no prompts: a dataset needs at least one")
+        return self.registry.add_dataset(body.name, str(path), body.kind, n)
+
+    def _datasets(self, pool_id: str, validation_ids: list[str]) -> tuple[DatasetRow, list[DatasetRow]]:
+        pool = self.registry.dataset(pool_id)
+        if pool.kind != "pool":
+            raise InvalidInputError(f"dataset {pool_id} ({pool.name!r}) is a {pool.kind} set; `pool` needs a "
+                                    "dataset registered with kind=pool")
+        if len(set(validation_ids)) != len(validation_ids):
+            raise InvalidInputError("`validation` lists a dataset more than once")
+        validation = [self.registry.dataset(v) for v in validation_ids]
+        for v in validation:
+            if v.kind != "validation":
+                raise InvalidInputError(f"dataset {v.id} ({v.name!r}) is a {v.kind} set; `validation` needs "
+                                        "datasets registered with kind=validation")
+            if v.name in (POOL_SPLIT, FUSED):
+                raise InvalidInputError(f"a validation set may not be named {v.name!r} (reserved for the pool's "
+                                        "split and the fused order): register it under another name")
+        # paths were confined at registration; confine again in case the roots changed since
+        for d in (pool, *validation):
+            self.confine(d.path)
+        return pool, validation
+
+    # checkpoints
+
+    def add_checkpoint(self, body: models.CheckpointCreate) -> CheckpointRow:
+        model = self.confine(body.path)
+        if not model.is_dir():
+            raise InvalidInputError(f"no model folder at {body.path!r} (resolved to {str(model)!r}): a checkpoint "
+                                    "is a Hugging Face model directory on the service's machine")
+        pool, validation = self._datasets(body.pool, body.validation)
+        splits = {POOL_SPLIT: POOL_SPLIT, pool.name: POOL_SPLIT, **{v.name: v.name for v in validation}}
+        trajectories = None
+        if body.trajectories is not None:
+            unknown = sorted(set(body.trajectories) - set(splits))
+            if unknown:
+                raise InvalidInputError(f"trajectories for unknown splits {unknown}: use "
+                                        f"{sorted(set(splits))}")
+            trajectories = {splits[k]: str(self.confine(v)) for k, v in body.trajectories.items()}
+        spec_id = self.library.projection_spec_id(body.projection)
+        params = self.library.scoring_params(
+            name=body.name, model=str(model), pool=pool.path, validation={v.name: v.path for v in validation},
+            trajectories=trajectories, projection=body.projection, options=body.options)
+        job = self.runner.submit("scoring", params, key=scoring_key(body.name, spec_id))
+        row = CheckpointRow(new_id("ck"), body.name, str(model), pool.id, [v.id for v in validation], spec_id,
+                            job.id, time.time())
+        self.registry.add_checkpoint(row)
+        return row
+
+    def checkpoint_view(self, checkpoint_id: str) -> dict[str, Any]:
+        row = self.registry.checkpoint(checkpoint_id)
+        return {"id": row.id, "name": row.name, "path": row.path, "pool": row.pool, "validation": row.validation,
+                "spec_id": row.spec_id, "job": job_view(self.jobs.get(row.job_id)), "created": row.created}
+
+    def _succeeded(self, job_id: str, what: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job.state != "succeeded":
+            detail = f": {job.error['message']}" if job.error else ""
+            raise NotReadyError(f"{what} is not available: its job {job.id} is {job.state}{detail}. "
+                                f"Poll GET /v1/jobs/{job.id}" + ("" if job.state in ("queued", "running")
+                                                               else " and POST the checkpoint again"))
+        return job
+
+    # rankings
+
+    def ranking_view(self, row: CheckpointRow) -> RankingView:
+        job = self._succeeded(row.job_id, f"the ranking of checkpoint {row.id}")
+        token = self.library.ranking_version(row.name, row.spec_id) or self._job_token(row, job)
+        return self.rankings.get((row.name, row.spec_id), token,
+                                 lambda: RankingView(self.library.ranking(row.name, row.spec_id)))
+
+    def _job_token(self, row: CheckpointRow, job: Job) -> Hashable:
+        # without a stored file to stat, the newest successful scoring of (name, spec) names the version
+        latest = self.jobs.latest_succeeded(scoring_key(row.name, row.spec_id)) or job
+        return ("job", latest.id, latest.updated)
+
+    def ranking_page(self, checkpoint_id: str, offset: int, limit: int, validation: str | None) -> bytes:
+        """A ``RankingPage`` as JSON bytes (the items come pre-encoded from the view)."""
+        row = self.registry.checkpoint(checkpoint_id)
+        view = self.ranking_view(row)
+        order = validation or FUSED
+        items = view.page_json(order, offset, limit)
+        head = {"checkpoint": row.id, "spec_id": row.spec_id, "order": order, "total": view.total,
+                "offset": offset, "limit": limit, "excluded": view.excluded}
+        return json.dumps(head, separators=(",", ":")).encode()[:-1] + b',"items":' + items + b"}"
+
+    # gradients
+
+    def gradient_view(self, checkpoint_id: str, split: str | None) -> tuple[CheckpointRow, GradientView]:
+        row = self.registry.checkpoint(checkpoint_id)
+        self._succeeded(row.job_id, f"the gradients of checkpoint {row.id}")
+        split = split or POOL_SPLIT
+        allowed = {POOL_SPLIT, *(self.registry.dataset(v).name for v in row.validation)}
+        if split not in allowed:
+            raise UnknownIdError(f"checkpoint {row.id} has no split {split!r}; its splits: {sorted(allowed)}")
+        token = self.library.gradients_version(row.name, row.spec_id, split)
+        if token is None:
+            token = self._job_token(row, self.jobs.get(row.job_id))
+        view = self.gradient_views.get((row.name, row.spec_id, split), token,
+                                       lambda: GradientView(self.library.gradients(row.name, row.spec_id, split)))
+        return row, view
+
+    # curricula
+
+    def add_curriculum(self, body: models.CurriculumCreate) -> CurriculumRow:
+        model = self.confine(body.path)
+        if not model.is_dir():
+            raise InvalidInputError(f"no model folder at {body.path!r} (resolved to {str(model)!r})")
+        pool, validation = self._datasets(body.pool, body.validation)
+        params = self.library.curriculum_params(
+            name=body.name, model=str(model), pool=pool.path, validation={v.name: v.path for v in validation},
+            stages=body.stages, fraction=body.fraction, projection=body.projection, options=body.options)
+        job = self.runner.submit("curriculum", params, key=f"curriculum:{body.name}")
+        row = CurriculumRow(new_id("cur"), body.name, job.id, time.time())
+        self.registry.add_curriculum(row)
+        return row
+
+    def curriculum_view(self, curriculum_id: str) -> dict[str, Any]:
+        row = self.registry.curriculum(curriculum_id)
+        job = self.jobs.get(row.job_id)
+        stages = [{"index": s.index, "n_prompts": s.n_prompts, "checkpoint": s.checkpoint,
+                   "subset_url": f"/v1/curricula/{row.id}/stages/{s.index}/subset" if s.subset else None}
+                  for s in self.library.curriculum_stages(row.name, job.result)]
+        return {"id": row.id, "name": row.name, "job": job_view(job), "stages": stages, "created": row.created}
+
+    def stage_subset(self, curriculum_id: str, index: int) -> Path:
+        row = self.registry.curriculum(curriculum_id)
+        job = self.jobs.get(row.job_id)
+        for s in self.library.curriculum_stages(row.name, job.result):
+            if s.index == index and s.subset:
+                # library output: under the service root or a data root, never elsewhere
+                path = confine(s.subset, [self.settings.root, *self.settings.data_roots])
+                if not path.is_file():
+                    raise UnknownIdError(f"stage {index} of curriculum {row.id} lists {s.subset}, which is gone")
+                return path
+        raise UnknownIdError(f"curriculum {row.id} has no stage {index} subset yet (job {job.id} is {job.state}); "
+                             "GET the curriculum for its stages")
+
+
+def scoring_key(name: str, spec_id: str | None) -> str:
+    """The job key that allows one active scoring per checkpoint name and projection spec."""
+    return f"scoring:{name}:{spec_id}"

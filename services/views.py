@@ -1,0 +1,169 @@
+"""In-memory views of stored results, built once per stored version and served many times.
+
+``RankingView``: the ranked prompts in fused order (and, on demand, in each validation set's
+order), sliced into pages without touching the store. ``GradientView``: a split's vectors
+with a prompt-id index, rendered as JSON records or an Arrow IPC stream.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cropi.errors import InvalidInputError
+from services.errors import UnknownIdError
+from services.library import GradientData, RankingData
+
+SCORE_PREFIX = "score:"
+FUSED = "fused"
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+GRADIENT_META_COLUMNS = ("raw_norm", "n_responses", "reward_mean", "reward_std", "n_tokens", "status")
+
+
+def _finite(x: Any) -> float | None:
+    """JSON has no NaN or infinity: those become null."""
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+_F16_TEXT: np.ndarray | None = None
+
+
+def _float16_text() -> np.ndarray:
+    """The exact decimal text of every float16 bit pattern (non-finite ones as null)."""
+    global _F16_TEXT
+    if _F16_TEXT is None:
+        values = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float64).tolist()
+        _F16_TEXT = np.array([repr(v) if math.isfinite(v) else "null" for v in values], dtype=object)
+    return _F16_TEXT
+
+
+def vector_json(vector: np.ndarray) -> str:
+    """The numbers of ``vector``, comma-separated, exact (float16 via a table: 10x faster than repr)."""
+    if vector.dtype == np.float16:
+        return ",".join(_float16_text()[np.ascontiguousarray(vector).view(np.uint16)])
+    return ",".join(repr(v) if math.isfinite(v) else "null" for v in vector.astype(np.float64).tolist())
+
+
+def _pylist(values: Any) -> list:
+    """Python scalars from a list, numpy array or Arrow array."""
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return values.to_pylist()
+    return np.asarray(values).tolist() if isinstance(values, np.ndarray) else list(values)
+
+
+class RankingView:
+    """The ranked (non-excluded) prompts of one stored ranking, in rank order.
+
+    Each order's rows are encoded to JSON once, on first use; a page is then a join of
+    ready-made fragments, so serving it costs microseconds whatever the pool size.
+    """
+
+    def __init__(self, data: RankingData):
+        table = data.table
+        ranked = table.filter(pc.greater(table["rank"], 0))
+        self.table = ranked.take(pc.sort_indices(ranked, [("rank", "ascending"), ("prompt_id", "ascending")]))
+        self.validation = [c[len(SCORE_PREFIX):] for c in table.column_names if c.startswith(SCORE_PREFIX)]
+        self.excluded = dict(data.excluded)
+        self.meta = dict(data.meta)
+        self._fragments: dict[str, list[bytes]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def total(self) -> int:
+        return self.table.num_rows
+
+    def ordered(self, order: str) -> pa.Table:
+        """The ranked rows sorted by ``order``: 'fused' or a validation set's score (descending, ties by rank)."""
+        if order == FUSED:
+            return self.table
+        if order not in self.validation:
+            raise InvalidInputError(f"unknown validation set {order!r}; this ranking has {self.validation} "
+                                    "(or leave `validation` out for the fused order)")
+        score = np.nan_to_num(self.table[SCORE_PREFIX + order].to_numpy(zero_copy_only=False).astype(np.float64),
+                              nan=-np.inf)
+        rank = self.table["rank"].to_numpy()
+        return self.table.take(np.lexsort((rank, -score)))
+
+    def page_json(self, order: str, offset: int, limit: int) -> bytes:
+        """Rows ``offset .. offset+limit`` of ``order``, as a JSON array of API records."""
+        fragments = self._encoded(order)
+        return b"[" + b",".join(fragments[offset:offset + limit]) + b"]"
+
+    def _encoded(self, order: str) -> list[bytes]:
+        with self._lock:  # one encoding per order, even under concurrent first requests
+            if order not in self._fragments:
+                self._fragments[order] = self._encode(self.ordered(order))
+            return self._fragments[order]
+
+    def _encode(self, table: pa.Table) -> list[bytes]:
+        cols = table.to_pydict()
+        selected = cols.get("selected")
+        scores = [(v, cols[SCORE_PREFIX + v]) for v in self.validation]
+        return [json.dumps({"position": i + 1, "prompt_id": pid, "rank": int(cols["rank"][i]),
+                            "fused": _finite(cols["fused"][i]),
+                            "scores": {v: _finite(s[i]) for v, s in scores},
+                            "selected": selected[i] if selected is not None else None},
+                           allow_nan=False, separators=(",", ":")).encode()
+                for i, pid in enumerate(cols["prompt_id"])]
+
+
+class GradientView:
+    """One split's stored vectors with an index from prompt id to row."""
+
+    def __init__(self, data: GradientData):
+        self.prompt_ids = list(data.prompt_ids)
+        self.vectors = data.vectors
+        if self.vectors.ndim != 2 or self.vectors.shape[0] != len(self.prompt_ids):
+            raise InvalidInputError(f"stored vectors have shape {self.vectors.shape} for "
+                                    f"{len(self.prompt_ids)} prompt ids")
+        self.columns = {c: _pylist(data.columns[c]) for c in GRADIENT_META_COLUMNS if c in data.columns}
+        self.meta = dict(data.meta)
+        self.index = {p: i for i, p in enumerate(self.prompt_ids)}
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1])
+
+    def rows(self, prompt_ids: list[str]) -> list[int]:
+        """Row numbers of ``prompt_ids``; UnknownIdError naming the missing ones."""
+        missing = [p for p in prompt_ids if p not in self.index]
+        if missing:
+            raise UnknownIdError(f"{len(missing)} prompt id(s) not in split {self.meta.get('split')!r} of "
+                                 f"checkpoint {self.meta.get('checkpoint')!r}: {missing[:5]}"
+                                 + (" ..." if len(missing) > 5 else "")
+                                 + "; GET the ranking for the ids this split holds")
+        return [self.index[p] for p in prompt_ids]
+
+    def records_json(self, rows: list[int]) -> bytes:
+        """A JSON array of records (metadata fields and the vector) for ``rows``."""
+        out = []
+        for r in rows:
+            meta = {"prompt_id": self.prompt_ids[r]}
+            for c, values in self.columns.items():
+                v = values[r]
+                meta[c] = _finite(v) if isinstance(v, float) else v
+            head = json.dumps(meta, allow_nan=False, separators=(",", ":"))
+            out.append(f'{head[:-1]},"vector":[{vector_json(self.vectors[r])}]}}')
+        return ("[" + ",".join(out) + "]").encode()
+
+    def arrow_stream(self, rows: list[int]) -> bytes:
+        """An Arrow IPC stream: prompt_id, vector (fixed-size list in the stored dtype), metadata columns."""
+        idx = np.asarray(rows, dtype=np.int64)
+        vecs = np.ascontiguousarray(self.vectors[idx])
+        flat = pa.array(vecs.reshape(-1))
+        cols = {"prompt_id": pa.array([self.prompt_ids[r] for r in rows], pa.string()),
+                "vector": pa.FixedSizeListArray.from_arrays(flat, self.dim)}
+        for c, values in self.columns.items():
+            cols[c] = pa.array([values[r] for r in rows])
+        meta = {k: str(v) for k, v in self.meta.items() if v is not None}
+        table = pa.table(cols).replace_schema_metadata(meta)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return sink.getvalue().to_pybytes()
