@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import platform
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,16 +21,8 @@ from cropi.generation import SamplingConfig, make_backend
 from cropi.generation.prompting import render_prompt
 from cropi.models import build_tiny_model
 from cropi.models.loading import load_causal_lm, load_tokenizer
+from cropi.store import PromptTrajectories
 from cropi.tasks.arithmetic import make_task_splits
-
-
-@dataclass
-class Traj:
-    prompt_id: str
-    prompt_token_ids: list
-    responses: list
-    behavior_logprobs: list
-    rewards: list
 
 
 def small_model(workdir: Path, size: str = "small") -> str:
@@ -42,7 +33,7 @@ def small_model(workdir: Path, size: str = "small") -> str:
 
 
 def synthetic_trajectories(model_path: str, n_prompts: int, *, samples: int = 8, max_new_tokens: int = 32,
-                           seed: int = 0) -> list[Traj]:
+                           seed: int = 0) -> list[PromptTrajectories]:
     records = make_task_splits(seed, pool_size=max(n_prompts, 200), val_size=20, test_size=20)["pool"][:n_prompts]
     tok = load_tokenizer(model_path)
     prompts = [render_prompt(tok, r.prompt) for r in records]
@@ -54,7 +45,11 @@ def synthetic_trajectories(model_path: str, n_prompts: int, *, samples: int = 8,
     for r, p, samples_ in zip(records, prompts, outs):
         rate = rng.beta(0.7, 0.7)
         rewards = (rng.random(len(samples_)) < rate).astype(float).tolist()
-        trajs.append(Traj(r.prompt_id, p, [s.token_ids for s in samples_], [s.logprobs for s in samples_], rewards))
+        trajs.append(PromptTrajectories(prompt_id=r.prompt_id, prompt_token_ids=p,
+                                        responses=[s.token_ids for s in samples_],
+                                        behavior_logprobs=[s.logprobs for s in samples_], rewards=rewards,
+                                        finish_reasons=[s.finish_reason for s in samples_],
+                                        texts=[s.text for s in samples_]))
     return trajs
 
 

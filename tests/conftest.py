@@ -9,26 +9,36 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def task_model() -> str:
-    """The shipped warm-started tiny model: its pass rate on the task is neither 0 nor 1,
-    so groups of responses carry signal (a random-init model gets every reward 0)."""
-    from cropi.demo.assets import shipped_model
+def task_splits():
+    """Small arithmetic splits: pool 40, val_a 8, val_b 8."""
+    from cropi.tasks.arithmetic import make_task_splits
 
-    return str(shipped_model())
+    return make_task_splits(seed=0, pool_size=40, val_size=8, test_size=1)
 
 
 @pytest.fixture(scope="session")
-def task_files(tmp_path_factory) -> dict[str, str]:
+def task_model(task_splits, tmp_path_factory) -> str:
+    """A tiny model warm-started on these very prompts (about a minute on 2 cores), so that
+    many groups of responses get mixed rewards and carry signal: measured, 15 of 40 pool
+    prompts and 4-5 of 8 validation prompts. A random-init model gets every reward 0."""
+    from cropi.tasks.warmstart import WarmStartConfig, warm_start
+
+    model = tmp_path_factory.mktemp("task-model") / "model"
+    records = task_splits["pool"] + task_splits["val_a"] + task_splits["val_b"]
+    warm_start(model, records, WarmStartConfig(steps=150, seed=0))
+    return str(model)
+
+
+@pytest.fixture(scope="session")
+def task_files(task_splits, tmp_path_factory) -> dict[str, str]:
     """Pool (verl parquet), val_a (jsonl), val_b (plain parquet): every input format once."""
     from cropi.data.prompts import write_jsonl, write_parquet, write_verl_parquet
-    from cropi.tasks.arithmetic import make_task_splits
 
     d = tmp_path_factory.mktemp("prompts")
-    splits = make_task_splits(7, pool_size=200, val_size=40, test_size=10)
     files = {"pool": str(d / "pool.parquet"), "val_a": str(d / "val_a.jsonl"), "val_b": str(d / "val_b.parquet")}
-    write_verl_parquet(splits["pool"][:20], files["pool"])
-    write_jsonl(splits["val_a"][:8], files["val_a"])
-    write_parquet(splits["val_b"][:8], files["val_b"])
+    write_verl_parquet(task_splits["pool"][:20], files["pool"])
+    write_jsonl(task_splits["val_a"], files["val_a"])
+    write_parquet(task_splits["val_b"], files["val_b"])
     return files
 
 

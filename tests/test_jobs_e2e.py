@@ -162,8 +162,12 @@ def test_collect_killed_then_resumed_equals_uninterrupted(collected, task_model,
     got = TrajectoryStore.open(str(out)).read_table().sort_by([(k, "ascending") for k in key])
     want = TrajectoryStore.open(str(collected / "traj" / "pool")).read_table().sort_by([(k, "ascending") for k in key])
     assert got.num_rows == want.num_rows == 80
-    for col in ("prompt_id", "sample_index", "response_token_ids", "behavior_logprobs", "reward"):
+    for col in ("prompt_id", "sample_index", "prompt_token_ids", "response_token_ids", "reward", "finish_reason"):
         assert got[col].to_pylist() == want[col].to_pylist(), col
+    # The killed run generated 2 prompts a batch, the reference 32: batched float32 kernels
+    # round differently, so log-probs agree to float tolerance, not bit for bit.
+    for a, b in zip(got["behavior_logprobs"].to_pylist(), want["behavior_logprobs"].to_pylist()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_gradients_killed_then_resumed_equals_uninterrupted(scored, task_model, tmp_path):

@@ -35,8 +35,6 @@ from cropi.pipeline.collect import CollectJob, collect  # noqa: E402
 from cropi.pipeline.rank import load_ranking  # noqa: E402
 from cropi.projection import ProjectionSpec  # noqa: E402
 from cropi.store import GradientStore  # noqa: E402
-from cropi.tasks import make_task_splits  # noqa: E402
-from cropi.tasks.warmstart import WarmStartConfig, warm_start  # noqa: E402
 from services.library import POOL_SPLIT, store_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,16 +46,15 @@ SPLITS = {"pool": 40, "val_a": 8, "val_b": 8}
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(task_model, task_splits, tmp_path_factory):
     """Model, prompt files and trajectories under one data root."""
+    import shutil
+
     data = tmp_path_factory.mktemp("e2e") / "data"
     data.mkdir()
-    splits = make_task_splits(seed=0, pool_size=SPLITS["pool"], val_size=SPLITS["val_a"], test_size=1)
+    splits = task_splits
     model = data / "model"
-    # Warm-started on these very prompts (minutes on 2 cores): measured here, 15 of 40 pool prompts
-    # and 5 and 4 of 8 validation prompts get mixed rewards (status ok). The shipped demo model
-    # answers too few of them for the validation sets to carry signal.
-    warm_start(model, splits["pool"] + splits["val_a"] + splits["val_b"], WarmStartConfig(steps=150, seed=0))
+    shutil.copytree(task_model, model)  # under the service's data root
     files, trajectories = {}, {}
     for name in SPLITS:
         files[name] = data / f"{name}.jsonl"
