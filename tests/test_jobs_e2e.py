@@ -190,14 +190,16 @@ def test_gradients_killed_then_resumed_equals_uninterrupted(scored, task_model, 
     _assert_same_vectors(GradientStore(str(store)), GradientStore(str(scored / "store")))
 
 
-def _assert_same_vectors(a: GradientStore, b: GradientStore, rtol: float = 0.0) -> None:
+def _assert_same_vectors(a: GradientStore, b: GradientStore) -> None:
+    """Same prompts once each, same statuses, same vectors. Float tolerance, not bits: the runs
+    compared use different thread counts, so float32 reductions are ordered differently."""
     (sa,) = [s for s in a.list_splits() if s["split"] == "pool"]
     (sb,) = [s for s in b.list_splits() if s["split"] == "pool" and s["spec_id"] == sa["spec_id"]]
     ta = a.open_split("warm", sa["spec_id"], "pool").read()
     tb = b.open_split("warm", sb["spec_id"], "pool").read()
     assert sorted(ta.prompt_ids) == sorted(tb.prompt_ids) and len(ta.prompt_ids) == len(set(ta.prompt_ids))
     order = [tb.index(p) for p in ta.prompt_ids]
-    np.testing.assert_allclose(ta.vectors, tb.vectors[order], rtol=rtol, atol=1e-7 if rtol else 0)
+    np.testing.assert_allclose(ta.vectors, tb.vectors[order], rtol=1e-4, atol=1e-6)
     assert list(ta.columns["status"]) == [tb.columns["status"][i] for i in order]
 
 
@@ -208,7 +210,7 @@ def test_two_ray_workers_equal_one_worker(scored, task_model, tmp_path):
             "--split", "pool", "--name", "warm", "--ray", "local", "--workers", "2", *PROJ)
     writers = {p.name for p in store.glob("gradients/warm/*/pool/commits/*.json")}
     assert writers == {"shard-0000-of-0002.json", "shard-0001-of-0002.json"}
-    _assert_same_vectors(GradientStore(str(store)), GradientStore(str(scored / "store")), rtol=1e-5)
+    _assert_same_vectors(GradientStore(str(store)), GradientStore(str(scored / "store")))
 
 
 # --- bad input: a clear message, and the store as it was -------------------------------------------
