@@ -21,7 +21,7 @@ def task_model(task_splits, tmp_path_factory) -> str:
     """A tiny model warm-started on these very prompts (about a minute on 2 cores), so that
     many groups of responses get mixed rewards and carry signal: measured, 15 of 40 pool
     prompts and 4-5 of 8 validation prompts. A random-init model gets every reward 0."""
-    from cropi.tasks.warmstart import WarmStartConfig, warm_start
+    from cropi.demo.warmstart import WarmStartConfig, warm_start
 
     model = tmp_path_factory.mktemp("task-model") / "model"
     records = task_splits["pool"] + task_splits["val_a"] + task_splits["val_b"]

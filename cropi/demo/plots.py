@@ -1,0 +1,101 @@
+"""The demo's PNG plots (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+ACCURACY_PNG = "accuracy_vs_steps.png"
+SCORES_PNG = "score_distributions.png"
+SELECTION_PNG = "selection_mix.png"
+COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_rate": "tab:green"}
+
+
+def draw_all(out: Path, report: dict, scores: dict) -> list[str]:
+    """Draw every plot into ``out``; returns the file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    return [accuracy_plot(out / ACCURACY_PNG, report["curves"]),
+            score_plot(out / SCORES_PNG, scores),
+            selection_plot(out / SELECTION_PNG, report["selection"])]
+
+
+def accuracy_plot(path: Path, curves: dict) -> str:
+    """Test accuracy against training steps: mean across seeds, shaded min to max."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for method, c in curves.items():
+        color = COLORS.get(method)
+        ax.plot(c["steps"], c["mean"], marker="o", color=color, label=f"{method} (n={c['seeds']})")
+        ax.fill_between(c["steps"], c["min"], c["max"], color=color, alpha=0.15)
+    ax.set_xlabel("training steps")
+    ax.set_ylabel("test accuracy (greedy)")
+    ax.set_title("Test accuracy vs steps (mean; band: min-max over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path.name
+
+
+def score_plot(path: Path, scores: dict) -> str:
+    """Per stage (rows) of the first CROPI seed: histograms of each set's cosine and of the fused score,
+    selected prompts on top of all scored ones."""
+    import matplotlib.pyplot as plt
+
+    seed = sorted(scores)[0] if scores else None
+    stages = scores.get(seed, {})
+    columns = sorted(c for t in stages.values() for c in t if c.startswith("score:"))
+    columns = list(dict.fromkeys(columns)) + ["fused"]
+    fig, axes = plt.subplots(max(1, len(stages)), len(columns), figsize=(3.4 * len(columns), 2.4 * max(1, len(stages))),
+                             squeeze=False)
+    for row, (m, t) in enumerate(sorted(stages.items())):
+        ok = t["status"] == "ok"
+        sel = t["selected"].astype(bool)
+        for col, name in enumerate(columns):
+            ax = axes[row][col]
+            v = t[name].astype(float)
+            bins = np.histogram_bin_edges(v[ok & np.isfinite(v)], bins=30) if (ok & np.isfinite(v)).any() else 10
+            ax.hist(v[ok], bins=bins, color="tab:gray", alpha=0.6, label="scored")
+            ax.hist(v[sel], bins=bins, color="tab:red", alpha=0.8, label="selected")
+            ax.set_title(f"stage {m}: {name.replace('score:', 'cos ')}", fontsize=9)
+            if row == 0 and col == 0:
+                ax.legend(fontsize=8)
+    fig.suptitle(f"CROPI scores per stage (seed {seed}); zero-advantage prompts are not scored", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path.name
+
+
+def selection_plot(path: Path, selection: dict) -> str:
+    """Skill mix (left) and level mix (right) of each method's stage subsets against the pool."""
+    import matplotlib.pyplot as plt
+
+    bars = [("pool", selection["pool"])]
+    for method, stages in selection.items():
+        if method != "pool":
+            bars += [(f"{method} s{m}", mix) for m, mix in stages.items()]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 0.35 * len(bars) + 2.2))
+    for ax, kind in zip(axes, ("skills", "levels")):
+        keys = sorted({k for _, mix in bars for k in mix[kind]})
+        left = np.zeros(len(bars))
+        cmap = plt.get_cmap("tab10")
+        for i, key in enumerate(keys):
+            share = np.array([mix[kind].get(key, 0.0) for _, mix in bars])
+            ax.barh(range(len(bars)), share, left=left, color=cmap(i % 10), label=f"{kind[:-1]} {key}")
+            left += share
+        ax.set_yticks(range(len(bars)), [name for name, _ in bars], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("share of the stage subset")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=6, frameon=False)
+    fig.suptitle("What each stage selected (mean over seeds) vs the pool", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path.name

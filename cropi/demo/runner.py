@@ -1,0 +1,192 @@
+"""``cropi demo``: CROPI against full-pool, random and pass-rate selection on a synthetic task.
+
+Phases (each logged with its wall time):
+
+1. data     the arithmetic task's pool, two targeted validation sets and a held-out test set
+2. model    the warm-started tiny model theta_0 (shipped with the package)
+3. collect  offline trajectories of theta_0, once: pool (K=8) and validation (K=32) prompts,
+            sharded over the worker processes. Every method and seed reuses them: they come
+            from the behavior policy theta_0, which all runs share.
+4. score    POPI gradients of every split at theta_0 (shared by every CROPI seed's first
+            stage), and theta_0's test accuracy (step 0 of every curve)
+5. train    one curriculum per (method, seed), same trainer, steps and seeds, side by side
+            in the worker processes; each stage checkpoint is evaluated on the test set
+6. report   report.json, report.md and the plots
+
+All runs live under ``<out>/runs`` (see cropi.pipeline.curriculum); rerunning the demo
+with the same ``--out`` resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from cropi.data import write_jsonl
+from cropi.demo.assets import place_model
+from cropi.demo.log import LogProgress, say
+from cropi.demo.settings import DemoSettings
+from cropi.demo.work import init_worker, run_collect, run_eval, run_gradients, run_method
+from cropi.pipeline.curriculum import (CollectOptions, CurriculumConfig, CurriculumPaths, collect_jobs,
+                                       collect_trajectories, gradient_jobs, scoring_splits)
+from cropi.projection import ProjectionSpec
+from cropi.tasks.arithmetic import make_task_splits
+
+SPLITS = ("pool", "val_a", "val_b", "test")
+# CROPI first: its runs are the longest (gradients at every stage), so they start first.
+ORDER = ("cropi", "pass_rate", "full", "random")
+
+
+def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = False) -> dict:
+    """Run the whole demo into ``out``; returns the report (also written as report.json)."""
+    from cropi.demo.report import write_outputs
+
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    clock = _Clock()
+    say(f"writing into {out}; {settings.seeds} seeds x {len(settings.methods)} methods, {settings.stages} stages "
+        f"x {settings.steps_per_stage} steps, {settings.workers} worker processes")
+    with clock.phase("data"):
+        data = write_task(settings, out / "data")
+    with clock.phase("model"):
+        model = str(place_model(out / "models" / "theta0", warm_start_now=warm_start, log=say))
+    root = str(out / "runs")
+    configs = [curriculum_config(settings, method, seed, model, data)
+               for seed in range(settings.seeds) for method in ORDER if method in settings.methods]
+    with _executor(settings.workers) as pool:
+        reference = next(c for c in configs if c.method == "cropi")
+        with clock.phase("collect"):
+            trajectories = _collect(pool, settings, reference, root, model)
+        with clock.phase("score"):
+            step0 = _score_initial(pool, settings, reference, root, model, trajectories, data["test"])
+        with clock.phase("train"):
+            runs = _train(pool, settings, configs, root, data["test"])
+    with clock.phase("report"):
+        report = write_outputs(out, settings, data, step0, runs, clock.seconds, cpu_seconds())
+    say(f"done in {sum(clock.seconds.values()):.0f}s ({report['cpu_s']:.0f} CPU-s): see {out / 'report.md'}")
+    return report
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its finished worker processes.
+
+    On a shared machine wall time says little; CPU seconds divided by the cores used
+    approximate the wall time the same run takes on an idle machine.
+    """
+    import resource
+
+    own, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round(own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime, 1)
+
+
+def write_task(settings: DemoSettings, folder: Path) -> dict[str, str]:
+    """The task's four splits as JSONL files; returns split -> path."""
+    splits = make_task_splits(settings.task_seed, pool_size=settings.pool_size, val_size=settings.val_size,
+                              test_size=settings.test_size)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name in SPLITS:
+        paths[name] = str(folder / f"{name}.jsonl")
+        write_jsonl(splits[name], paths[name])
+    say("task: " + ", ".join(f"{n} {len(splits[n])}" for n in SPLITS))
+    return paths
+
+
+def curriculum_config(settings: DemoSettings, method: str, seed: int, model: str, data: dict) -> CurriculumConfig:
+    """One run of the comparison: only ``method`` and ``seed`` differ between runs."""
+    return CurriculumConfig(
+        name=f"{method}-seed{seed}", model=model, pool=data["pool"],
+        validation={"val_a": data["val_a"], "val_b": data["val_b"]}, stages=settings.stages,
+        select_fraction=settings.select_fraction, steps_per_stage=settings.steps_per_stage, method=method,
+        trainer="trl", trainer_options=settings.trainer_options(), seed=seed, reward=settings.reward,
+        collect=CollectOptions(pool_samples=settings.pool_samples, validation_samples=settings.validation_samples,
+                               temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
+                               seed=0, backend=settings.backend, batch_prompts=64,
+                               backend_options={"max_batch_rows": 256} if settings.backend == "hf" else {}),
+        projection=ProjectionSpec(dim=settings.projection_dim, kept_fraction=settings.kept_fraction),
+        gradient_dtype="float32", device="cpu")
+
+
+def _collect(pool, settings: DemoSettings, config: CurriculumConfig, root: str, model: str) -> dict[str, str]:
+    paths = CurriculumPaths(root, config.name)
+    if settings.backend == "vllm":  # one engine for every split (each start costs 20-40 s)
+        return collect_trajectories(config, paths, model, scoring_splits(config), LogProgress())
+    jobs = collect_jobs(config, paths, model, scoring_splits(config))
+    n = _shards(settings)
+    _wait([pool.submit(run_collect, job.model_dump(mode="json"), (i, n)) for job in jobs.values() for i in range(n)])
+    return {split: job.out for split, job in jobs.items()}
+
+
+def _score_initial(pool, settings: DemoSettings, config: CurriculumConfig, root: str, model: str,
+                   trajectories: dict[str, str], test: str) -> dict:
+    jobs = gradient_jobs(config, CurriculumPaths(root, config.name), model, trajectories)
+    n = _shards(settings)
+    futures = [pool.submit(run_gradients, job.model_dump(mode="json"), (i, n)) for job in jobs for i in range(n)]
+    step0 = pool.submit(run_eval, model, test, settings.reward, settings.max_new_tokens)
+    _wait(futures + [step0])
+    say(f"theta_0 test accuracy {step0.result()['accuracy']:.3f}")
+    return step0.result()
+
+
+def _train(pool, settings: DemoSettings, configs: list[CurriculumConfig], root: str, test: str) -> list[dict]:
+    futures = {pool.submit(run_method, c.model_dump(mode="json"), root, test, settings.reward,
+                           settings.max_new_tokens): c.name for c in configs}
+    runs = []
+    for n, future in enumerate(cf.as_completed(futures), start=1):
+        runs.append(future.result())
+        say(f"runs finished: {n}/{len(futures)} ({futures[future]})")
+    return runs
+
+
+def _shards(settings: DemoSettings) -> int:
+    return max(1, settings.workers)
+
+
+def _wait(futures: list) -> None:
+    for f in cf.as_completed(futures):
+        f.result()  # re-raise the first failure here
+
+
+def _executor(workers: int):
+    if workers <= 1:
+        init_worker()
+        return _InlineExecutor()
+    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=init_worker)
+
+
+class _InlineExecutor:
+    """``submit`` runs the call at once in this process (one worker: no processes to start)."""
+
+    def submit(self, fn: Callable, *args: Any) -> cf.Future:
+        future: cf.Future = cf.Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # handed to the caller through the future, as a pool would
+            future.set_exception(e)
+        return future
+
+    def __enter__(self) -> "_InlineExecutor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+class _Clock:
+    """Wall seconds per phase, logged as each ends."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        say(f"phase {name} ...")
+        start = time.monotonic()
+        yield
+        self.seconds[name] = round(time.monotonic() - start, 2)
+        say(f"phase {name} done in {self.seconds[name]:.1f}s")

@@ -1,0 +1,68 @@
+"""Selection rules of the curriculum baselines: full pool, random fraction, pass-rate heuristic.
+
+They share CROPI's trainer, steps and seeds; only the stage subset differs. All
+rules are deterministic in their seed, and the fractions are of the whole pool
+(rounded up), as CROPI's top 10%.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from typing import Iterable, Mapping, Sequence
+
+from cropi.errors import InvalidInputError
+
+
+def fraction_count(fraction: float, pool_size: int) -> int:
+    """How many prompts a fraction of the pool is: ``ceil(fraction * pool_size)``."""
+    if not 0 < fraction <= 1:
+        raise InvalidInputError(f"select_fraction must be in (0, 1], got {fraction}")
+    return math.ceil(fraction * pool_size)
+
+
+def select_full(prompt_ids: Sequence[str]) -> list[str]:
+    """The whole pool, in pool order."""
+    return list(prompt_ids)
+
+
+def select_random(prompt_ids: Sequence[str], fraction: float, *, seed: int, stage: int) -> list[str]:
+    """A uniform random fraction of the pool, drawn afresh at every stage from (seed, stage)."""
+    rng = random.Random(f"cropi.random-baseline:{seed}:{stage}")
+    return rng.sample(list(prompt_ids), fraction_count(fraction, len(prompt_ids)))
+
+
+def pass_rates(rewards: Iterable[tuple[str, Sequence[float | None]]]) -> dict[str, float]:
+    """Per prompt, the mean of its scored rewards; prompts whose every reward failed are left out."""
+    out = {}
+    for prompt_id, values in rewards:
+        scored = [float(v) for v in values if v is not None]
+        if scored:
+            out[prompt_id] = sum(scored) / len(scored)
+    return out
+
+
+def pass_rate_score(p: float) -> float:
+    """The heuristic's score ``p (1 - p)``: largest for prompts solved half the time."""
+    return p * (1.0 - p)
+
+
+def select_pass_rate(prompt_ids: Sequence[str], rates: Mapping[str, float], fraction: float, *,
+                     seed: int) -> list[str]:
+    """The top fraction of the pool by ``p (1 - p)``, best first.
+
+    Ties (K samples allow only K+1 pass rates) are broken by a hash of (seed, prompt_id).
+    Prompts with ``p (1 - p) = 0`` (always or never solved: every GRPO advantage is zero)
+    or without a pass rate are never selected, as CROPI never selects zero-advantage
+    prompts, so fewer may come back.
+    """
+    want = fraction_count(fraction, len(prompt_ids))
+    scored = [(pass_rate_score(rates[p]), p) for p in prompt_ids if p in rates]
+    useful = [(s, p) for s, p in scored if s > 0]
+    useful.sort(key=lambda sp: (-sp[0], _tie_key(seed, sp[1])))
+    return [p for _, p in useful[:want]]
+
+
+def _tie_key(seed: int, prompt_id: str) -> bytes:
+    return hashlib.blake2b(f"{seed}\0{prompt_id}".encode(), digest_size=8).digest()

@@ -1,0 +1,306 @@
+"""The curriculum job: stages complete, resume at stage granularity, subsets and baselines are right.
+
+Collection and gradients are real (a tiny random model, the hf backend); the
+trainer is a stand-in that perturbs the weights, so a stage takes milliseconds
+and the tests can count its calls and make it fail.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
+
+from cropi.cli import main as cli_main
+from cropi.data import load_prompts, write_jsonl
+from cropi.models import build_tiny_model
+from cropi.pipeline import baselines, curriculum
+from cropi.pipeline.curriculum import (CurriculumConfig, CurriculumConfigError, CurriculumConflictError,
+                                       run_curriculum, stage_seed)
+from cropi.rewards import register_reward
+from cropi.store import GradientStore, TrajectoryStore
+from cropi.trainers import StageResult
+from cropi.utils.fingerprint import model_fingerprint
+
+POOL, VAL = 24, 6
+FRACTION = 0.25
+REWARD = "cropi_test_even_length"
+
+
+@register_reward(REWARD, replace=True)
+def even_length(text: str, answer: str) -> float:
+    """A reward a random model earns about half the time, so groups carry signal."""
+    return 1.0 if len(text) % 2 == 0 else 0.0
+
+
+class FakeTrainer:
+    """Copies the model with deterministically perturbed weights; records every call."""
+
+    def __init__(self, fail_at_stage: int | None = None):
+        self.calls: list[dict] = []
+        self.fail_at_stage = fail_at_stage
+
+    def train_stage(self, *, model, subset, out_dir, steps, seed, stage, reward) -> StageResult:
+        self.calls.append(dict(model=model, subset=subset, steps=steps, seed=seed, stage=stage, reward=reward))
+        if stage == self.fail_at_stage:
+            raise RuntimeError(f"simulated crash while training stage {stage}")
+        ckpt = Path(out_dir) / "checkpoint"
+        shutil.copytree(model, ckpt)
+        weights = ckpt / "model.safetensors"
+        tensors = load_file(weights)
+        g = torch.Generator().manual_seed(1000 + stage)
+        save_file({k: v + 0.05 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+                   for k, v in tensors.items()}, weights, metadata={"format": "pt"})
+        (Path(out_dir) / "train.log").write_text("fake\n")
+        return StageResult(checkpoint=str(ckpt), steps_done=steps, global_step=(stage + 1) * steps, stage=stage,
+                           metrics={"reward_mean": 0.5, "loss_last": float("nan")},
+                           log_path=str(Path(out_dir) / "train.log"))
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from cropi.tasks.arithmetic import make_task_splits
+
+    base = tmp_path_factory.mktemp("curriculum")
+    model = build_tiny_model(base / "model", size="tiny", seed=0)
+    splits = make_task_splits(7, pool_size=POOL, val_size=VAL, test_size=2)
+    files = {}
+    for name in ("pool", "val_a", "val_b"):
+        files[name] = str(base / f"{name}.jsonl")
+        write_jsonl(splits[name], files[name])
+    return {"base": base, "model": str(model), "files": files, "root": str(base / "root")}
+
+
+def make_config(setup, **overrides) -> CurriculumConfig:
+    fields = dict(name="cropi-run", model=setup["model"], pool=setup["files"]["pool"],
+                  validation={"val_a": setup["files"]["val_a"], "val_b": setup["files"]["val_b"]},
+                  stages=2, select_fraction=FRACTION, steps_per_stage=3, method="cropi", trainer="fake", seed=1,
+                  reward=REWARD,
+                  collect=dict(pool_samples=4, validation_samples=4, temperature=1.0, max_new_tokens=6,
+                               backend="hf", batch_prompts=16),
+                  projection=dict(dim=32, kept_fraction=0.5), gradient_dtype="float32", device="cpu")
+    return CurriculumConfig.model_validate(fields | overrides)
+
+
+def use_trainer(monkeypatch, trainer: FakeTrainer) -> FakeTrainer:
+    monkeypatch.setattr(curriculum, "make_trainer", lambda name, **options: trainer)
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def cropi_run(setup):
+    trainer = FakeTrainer()
+    engines = []
+    real = curriculum.make_backend
+    with pytest.MonkeyPatch.context() as mp:
+        use_trainer(mp, trainer)
+        mp.setattr(curriculum, "make_backend", lambda *a, **kw: engines.append(a) or real(*a, **kw))
+        result = run_curriculum(make_config(setup), root=setup["root"])
+    return result, trainer, engines
+
+
+def brute_force_top(table, fraction: float, pool_size: int) -> list[str]:
+    """ok rows by fused score, best first, ties by prompt_id; ceil(fraction * pool) of them."""
+    rows = [r for r in table.to_pylist() if r["status"] == "ok" and math.isfinite(r["fused"])]
+    rows.sort(key=lambda r: (-r["fused"], r["prompt_id"]))
+    return [r["prompt_id"] for r in rows[:math.ceil(fraction * pool_size)]]
+
+
+# ---------------------------------------------------------------- a two-stage CROPI curriculum
+
+
+def test_two_stages_complete_and_chain_checkpoints(setup, cropi_run):
+    result, trainer, engines = cropi_run
+    # trajectories come from the initial model, sampled once (one engine) and reused at stage 1
+    assert [a[1] for a in engines] == [str(Path(setup["model"]).resolve())]
+    assert result["finished"] and [s["index"] for s in result["stages"]] == [0, 1]
+    assert [c["stage"] for c in trainer.calls] == [0, 1]
+    assert trainer.calls[0]["model"] == str(Path(setup["model"]).resolve())
+    assert trainer.calls[1]["model"] == result["stages"][0]["checkpoint"]
+    assert [c["seed"] for c in trainer.calls] == [stage_seed(1, 0), stage_seed(1, 1)]
+    assert all(c["steps"] == 3 and c["reward"] == REWARD for c in trainer.calls)
+    assert result["final_checkpoint"] == result["stages"][1]["checkpoint"]
+    state = json.loads((Path(setup["root"]) / "curricula" / "cropi-run" / "state.json").read_text())
+    assert all({"scored", "selected", "trained"} <= set(s) for s in state["stages"])
+    assert state["stages"][0]["trained"]["metrics"]["loss_last"] is None  # NaN stored as null
+
+
+def test_stage_subsets_are_verl_parquet_of_exactly_the_selected_prompts(setup, cropi_run):
+    result, _, _ = cropi_run
+    pool = {r.prompt_id: r for r in load_prompts(setup["files"]["pool"])}
+    for stage in result["stages"]:
+        ranking = pq.read_table(stage["ranking"])
+        want = brute_force_top(ranking, FRACTION, POOL)
+        assert 0 < len(want) <= math.ceil(FRACTION * POOL)
+        got = load_prompts(stage["subset"])
+        assert [r.prompt_id for r in got] == want
+        assert stage["n_prompts"] == len(want)
+        assert got == [pool[p] for p in want]  # prompt, answer, data_source and extra_info survive
+        table = pq.read_table(stage["subset"])
+        assert set(table.column_names) >= {"prompt", "data_source", "reward_model", "extra_info"}
+        assert table["reward_model"].to_pylist()[0]["ground_truth"] == pool[want[0]].answer
+        assert sorted(ranking.filter(ranking["selected"])["prompt_id"].to_pylist()) == sorted(want)
+
+
+def test_each_stage_is_scored_at_its_own_checkpoint(setup, cropi_run):
+    """Stage m's ranking is the cosine of stored pool gradients at theta_m with the mean validation gradient."""
+    result, _, _ = cropi_run
+    store = GradientStore(str(Path(setup["root"]) / "store"))
+    seen = set()
+    for stage in result["stages"]:
+        ranking = pq.read_table(stage["ranking"])
+        meta = json.loads(ranking.schema.metadata[b"cropi.ranking"])
+        assert meta["checkpoint"].startswith(model_fingerprint(stage["model"]))
+        seen.add(meta["checkpoint"])
+        pool = store.open_split(meta["checkpoint"], meta["spec_id"], "pool").read()
+        vectors = dict(zip(pool.prompt_ids, np.asarray(pool.vectors, dtype=np.float64)))
+        scores = dict(zip(ranking["prompt_id"].to_pylist(), ranking["score:val_a"].to_pylist()))
+        val = store.open_split(meta["checkpoint"], meta["spec_id"], "val_a").read()
+        ok = [i for i, s in enumerate(val.columns["status"]) if s == "ok"]
+        target = np.asarray(val.vectors, dtype=np.float64)[ok].mean(axis=0)
+        for pid, status in zip(pool.prompt_ids, pool.columns["status"]):
+            if status == "ok":
+                v = vectors[pid]
+                want = v @ target / (np.linalg.norm(v) * np.linalg.norm(target))
+                assert scores[pid] == pytest.approx(want, rel=1e-4, abs=1e-6)
+            else:
+                assert scores[pid] is None or not math.isfinite(scores[pid])
+    assert len(seen) == 2  # two checkpoints, two sets of gradients
+
+
+def test_interrupted_run_resumes_without_redoing_finished_stages(setup, monkeypatch):
+    config = make_config(setup, name="resumed")
+    crashing = use_trainer(monkeypatch, FakeTrainer(fail_at_stage=1))
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_curriculum(config, root=setup["root"])
+    state_path = Path(setup["root"]) / "curricula" / "resumed" / "state.json"
+    before = json.loads(state_path.read_text())
+    assert set(before["stages"][0]) >= {"scored", "selected", "trained"}
+    assert "trained" not in before["stages"][1] and "selected" in before["stages"][1]
+    assert [c["stage"] for c in crashing.calls] == [0, 1]
+
+    fresh = use_trainer(monkeypatch, FakeTrainer())
+    result = run_curriculum(config, root=setup["root"])
+    after = json.loads(state_path.read_text())
+    assert [c["stage"] for c in fresh.calls] == [1]  # stage 0 was not trained again
+    assert fresh.calls[0]["model"] == before["stages"][0]["trained"]["checkpoint"]
+    for step in ("scored", "selected", "trained"):
+        assert after["stages"][0][step]["at"] == before["stages"][0][step]["at"]
+    for step in ("scored", "selected"):
+        assert after["stages"][1][step]["at"] == before["stages"][1][step]["at"]
+    assert result["finished"] and result["stages"][1]["checkpoint"]
+
+
+def test_more_stages_extend_a_run_and_other_changes_are_refused(setup, monkeypatch):
+    trainer = use_trainer(monkeypatch, FakeTrainer())
+    config = make_config(setup, name="extended", method="random", stages=1)
+    run_curriculum(config, root=setup["root"])
+    run_curriculum(config.model_copy(update={"stages": 2}), root=setup["root"])
+    assert [c["stage"] for c in trainer.calls] == [0, 1]
+    with pytest.raises(CurriculumConflictError, match="another config"):
+        run_curriculum(config.model_copy(update={"select_fraction": 0.5}), root=setup["root"])
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def test_baseline_runs_select_as_specified(setup, monkeypatch):
+    use_trainer(monkeypatch, FakeTrainer())
+    pool_ids = [r.prompt_id for r in load_prompts(setup["files"]["pool"])]
+    full = run_curriculum(make_config(setup, name="full", method="full", stages=1), root=setup["root"])
+    assert [r.prompt_id for r in load_prompts(full["stages"][0]["subset"])] == pool_ids
+
+    rand = run_curriculum(make_config(setup, name="rand", method="random"), root=setup["root"])
+    subsets = [[r.prompt_id for r in load_prompts(s["subset"])] for s in rand["stages"]]
+    assert all(len(s) == len(set(s)) == math.ceil(FRACTION * POOL) and set(s) <= set(pool_ids) for s in subsets)
+    assert subsets[0] == baselines.select_random(pool_ids, FRACTION, seed=1, stage=0)
+
+    pr = run_curriculum(make_config(setup, name="pr", method="pass_rate", stages=1), root=setup["root"])
+    # brute force from the raw trajectory rows (the behavior policy is the initial model)
+    traj = [p for p in (Path(setup["root"]) / "trajectories").glob("*/pool")
+            if TrajectoryStore.open(str(p)).identity["sampling"]["samples"] == 4]
+    rows = TrajectoryStore.open(str(traj[0])).read_table().to_pylist()
+    rewards: dict[str, list] = {}
+    for r in rows:
+        rewards.setdefault(r["prompt_id"], []).append(r["reward"])
+    score = {p: (sum(v) / len(v)) * (1 - sum(v) / len(v)) for p, v in rewards.items()}
+    chosen = [r.prompt_id for r in load_prompts(pr["stages"][0]["subset"])]
+    useful = [p for p in pool_ids if score[p] > 0]
+    assert len(chosen) == min(len(useful), math.ceil(FRACTION * POOL))
+    assert all(score[p] > 0 for p in chosen)
+    rest = [score[p] for p in useful if p not in chosen]
+    assert not rest or min(score[p] for p in chosen) >= max(rest)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 8), min_size=1, max_size=60), st.floats(0.01, 1.0), st.integers(0, 5))
+def test_pass_rate_selection_is_the_top_fraction_by_p_times_1_minus_p(successes, fraction, seed):
+    ids = [f"p{i:03d}" for i in range(len(successes))]
+    rates = {p: k / 8 for p, k in zip(ids, successes)}
+    chosen = baselines.select_pass_rate(ids, rates, fraction, seed=seed)
+    score = {p: rates[p] * (1 - rates[p]) for p in ids}
+    useful = [p for p in ids if score[p] > 0]
+    assert len(chosen) == len(set(chosen)) == min(len(useful), math.ceil(fraction * len(ids)))
+    assert [score[p] for p in chosen] == sorted((score[p] for p in chosen), reverse=True)
+    rest = [score[p] for p in useful if p not in chosen]
+    assert not rest or score[chosen[-1]] >= max(rest)
+    assert chosen == baselines.select_pass_rate(ids, rates, fraction, seed=seed)
+
+
+def test_pass_rates_ignore_failed_rewards():
+    rates = baselines.pass_rates([("a", [1.0, 0.0, None, 1.0]), ("b", [None, None]), ("c", [0.0])])
+    assert rates == {"a": pytest.approx(2 / 3), "c": 0.0}
+
+
+def test_random_and_full_selection():
+    ids = [f"p{i}" for i in range(50)]
+    a = baselines.select_random(ids, 0.1, seed=3, stage=0)
+    assert len(a) == 5 and set(a) <= set(ids)
+    assert a == baselines.select_random(ids, 0.1, seed=3, stage=0)
+    draws = {tuple(baselines.select_random(ids, 0.1, seed=3, stage=m)) for m in range(5)}
+    assert len(draws) > 1  # drawn afresh at each stage
+    assert baselines.select_full(ids) == ids
+    with pytest.raises(Exception, match="select_fraction"):
+        baselines.select_random(ids, 0.0, seed=0, stage=0)
+
+
+# ---------------------------------------------------------------- config and doors
+
+
+def test_config_from_yaml_resolves_relative_paths_and_aliases(setup, tmp_path):
+    folder = Path(setup["base"])
+    cfg_file = folder / "c.yaml"
+    cfg_file.write_text("name: from-yaml\nmodel: model\npool: pool.jsonl\nvalidation: {val_a: val_a.jsonl}\n"
+                        "fraction: 0.2\nspec: {dim: 64}\nmethod: random\n")
+    cfg = CurriculumConfig.from_file(cfg_file)
+    assert cfg.model == str((folder / "model").resolve()) and cfg.pool == str((folder / "pool.jsonl").resolve())
+    assert cfg.select_fraction == 0.2 and cfg.projection.dim == 64
+    assert CurriculumConfig.model_validate(cfg.model_dump(mode="json")) == cfg  # the service round-trips it
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "x", "model": "m", "pool": "p", "method": "cropi"}))
+    with pytest.raises(CurriculumConfigError, match="validation"):
+        CurriculumConfig.from_file(bad)
+    bad.write_text(json.dumps({"name": "x", "model": "m", "pool": "p", "method": "random", "stagez": 2}))
+    with pytest.raises(CurriculumConfigError, match="stagez"):
+        CurriculumConfig.from_file(bad)
+    with pytest.raises(CurriculumConfigError, match="does not exist"):
+        CurriculumConfig.from_file(tmp_path / "missing.yaml")
+
+
+def test_cli_runs_a_curriculum(setup, monkeypatch, capsys):
+    trainer = use_trainer(monkeypatch, FakeTrainer())
+    cfg_file = Path(setup["base"]) / "cli.json"
+    cfg_file.write_text(make_config(setup, name="cli", method="full", stages=1).model_dump_json())
+    assert cli_main(["curriculum", "--config", str(cfg_file), "--root", setup["root"], "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["finished"] and out["stages"][0]["n_prompts"] == POOL and len(trainer.calls) == 1
+    assert cli_main(["curriculum", "--config", str(cfg_file) + ".missing", "--root", setup["root"]]) == 2
