@@ -30,7 +30,7 @@ venv: $(VENV)/.done
 venv-verl: $(VERLENV)/.done
 
 demo: venv
-	$(VENV)/bin/cropi demo --quick --out $(OUT)/demo
+	$(VENV)/bin/cropi demo --out $(OUT)/demo
 
 # The verl checks run in verl's own environment (its transformers pin conflicts with vLLM's).
 test: venv venv-verl
