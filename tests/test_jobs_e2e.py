@@ -173,7 +173,7 @@ def test_collect_killed_then_resumed_equals_uninterrupted(collected, task_model,
 def test_gradients_killed_then_resumed_equals_uninterrupted(scored, task_model, tmp_path):
     store = tmp_path / "store"
     args = ["gradients", "--model", task_model, "--trajectories", str(scored / "traj" / "pool"), "--store", str(store),
-            "--split", "pool", "--name", "warm", "--rows-per-shard", "2", *PROJ]
+            "--split", "pool", "--name", "warm", "--rows-per-shard", "1", *PROJ]
     split_dir = None
     proc = cli_subprocess(*args)
     start = time.time()
@@ -184,6 +184,7 @@ def test_gradients_killed_then_resumed_equals_uninterrupted(scored, task_model, 
     _wait_for_commit(split_dir, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the job finished before the kill landed"
     rerun = cli_subprocess(*args)
     _, err = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, err[-2000:]
