@@ -9,7 +9,8 @@ import numpy as np
 ACCURACY_PNG = "accuracy_vs_steps.png"
 SCORES_PNG = "score_distributions.png"
 SELECTION_PNG = "selection_mix.png"
-COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_rate": "tab:green"}
+COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_rate": "tab:green",
+          "oracle": "tab:purple"}
 
 
 def draw_all(out: Path, report: dict, scores: dict) -> list[str]:
@@ -23,19 +24,21 @@ def draw_all(out: Path, report: dict, scores: dict) -> list[str]:
 
 
 def accuracy_plot(path: Path, curves: dict) -> str:
-    """Test accuracy against training steps: mean across seeds, shaded min to max."""
+    """Target accuracy against training steps, sampled (left) and greedy (right): mean across
+    seeds, shaded min to max."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for method, c in curves.items():
-        color = COLORS.get(method)
-        ax.plot(c["steps"], c["mean"], marker="o", color=color, label=f"{method} (n={c['seeds']})")
-        ax.fill_between(c["steps"], c["min"], c["max"], color=color, alpha=0.15)
-    ax.set_xlabel("training steps")
-    ax.set_ylabel("test accuracy (greedy)")
-    ax.set_title("Test accuracy vs steps (mean; band: min-max over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, axes = plt.subplots(1, len(curves), figsize=(6.0 * len(curves), 4.2), squeeze=False)
+    for ax, (metric, by_method) in zip(axes[0], curves.items()):
+        for method, c in by_method.items():
+            color = COLORS.get(method)
+            ax.plot(c["steps"], c["mean"], color=color, label=f"{method} (n={c['seeds']})")
+            ax.fill_between(c["steps"], c["min"], c["max"], color=color, alpha=0.15)
+        ax.set_xlabel("training steps")
+        ax.set_ylabel(f"target test accuracy ({metric})")
+        ax.set_title(f"{metric} (mean; band: min-max over seeds)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -1,16 +1,16 @@
-"""``cropi demo``: CROPI against full-pool, random and pass-rate selection on a synthetic task.
+"""``cropi demo``: CROPI against full-pool, random, pass-rate and oracle selection.
 
 Phases (each logged with its wall time):
 
-1. data     the arithmetic task's pool, two targeted validation sets and a held-out test set
+1. data     the skills task (cropi.tasks.skills): a pool of six skills, two targeted
+            validation sets (mul, mod) and their held-out test splits
 2. model    the warm-started tiny model theta_0 (shipped with the package)
-3. collect  offline trajectories of theta_0, once: pool (K=8) and validation (K=32) prompts,
+3. collect  offline trajectories of theta_0, once: pool (K=8) and validation prompts,
             sharded over the worker processes. Every method and seed reuses them: they come
             from the behavior policy theta_0, which all runs share.
-4. score    POPI gradients of every split at theta_0 (shared by every CROPI seed's first
-            stage), and theta_0's test accuracy (step 0 of every curve)
-5. train    one curriculum per (method, seed), same trainer, steps and seeds, side by side
-            in the worker processes; each stage checkpoint is evaluated on the test set
+4. score    POPI gradients of every split at theta_0 (shared by every CROPI seed's first stage)
+5. train    one curriculum per (method, seed), same lean GRPO trainer, steps and seeds, side by
+            side in the worker processes; the trainer reads the test splits every few steps
 6. report   report.json, report.md and the plots
 
 All runs live under ``<out>/runs`` (see cropi.pipeline.curriculum); rerunning the demo
@@ -30,15 +30,14 @@ from cropi.data import write_jsonl
 from cropi.demo.assets import place_model
 from cropi.demo.log import LogProgress, say
 from cropi.demo.settings import DemoSettings
-from cropi.demo.work import init_worker, run_collect, run_eval, run_gradients, run_method
+from cropi.demo.work import init_worker, run_collect, run_gradients, run_method
 from cropi.pipeline.curriculum import (CollectOptions, CurriculumConfig, CurriculumPaths, collect_jobs,
                                        collect_trajectories, gradient_jobs, scoring_splits)
 from cropi.projection import ProjectionSpec
-from cropi.tasks.arithmetic import make_task_splits
+from cropi.tasks import skills
 
-SPLITS = ("pool", "val_a", "val_b", "test")
 # CROPI first: its runs are the longest (gradients at every stage), so they start first.
-ORDER = ("cropi", "pass_rate", "full", "random")
+ORDER = ("cropi", "pass_rate", "oracle", "full", "random")
 
 
 def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = False) -> dict:
@@ -62,11 +61,11 @@ def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = Fals
         with clock.phase("collect"):
             trajectories = _collect(pool, settings, reference, root, model)
         with clock.phase("score"):
-            step0 = _score_initial(pool, settings, reference, root, model, trajectories, data["test"])
+            _score_initial(pool, settings, reference, root, model, trajectories)
         with clock.phase("train"):
-            runs = _train(pool, settings, configs, root, data["test"])
+            runs = _train(pool, configs, root)
     with clock.phase("report"):
-        report = write_outputs(out, settings, data, step0, runs, clock.seconds, cpu_seconds())
+        report = write_outputs(out, settings, data, runs, clock.seconds, cpu_seconds())
     say(f"done in {sum(clock.seconds.values()):.0f}s ({report['cpu_s']:.0f} CPU-s): see {out / 'report.md'}")
     return report
 
@@ -84,37 +83,44 @@ def cpu_seconds() -> float:
 
 
 def write_task(settings: DemoSettings, folder: Path) -> dict[str, str]:
-    """The task's four splits as JSONL files; returns split -> path."""
-    splits = make_task_splits(settings.task_seed, pool_size=settings.pool_size, val_size=settings.val_size,
-                              test_size=settings.test_size)
+    """The task's splits as JSONL files; returns split -> path."""
+    splits = skills.make_splits(settings.task_seed, settings.split_sizes())
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for name in SPLITS:
+    for name, records in splits.items():
         paths[name] = str(folder / f"{name}.jsonl")
-        write_jsonl(splits[name], paths[name])
-    say("task: " + ", ".join(f"{n} {len(splits[n])}" for n in SPLITS))
+        write_jsonl(records, paths[name])
+    say("task: " + ", ".join(f"{n} {len(r)}" for n, r in splits.items()))
     return paths
+
+
+def validation_files(data: dict[str, str]) -> dict[str, str]:
+    return {val: data[val] for val, _ in skills.TARGETS.values()}
+
+
+def test_files(data: dict[str, str]) -> dict[str, str]:
+    return {test: data[test] for _, test in skills.TARGETS.values()}
 
 
 def curriculum_config(settings: DemoSettings, method: str, seed: int, model: str, data: dict) -> CurriculumConfig:
     """One run of the comparison: only ``method`` and ``seed`` differ between runs."""
     return CurriculumConfig(
         name=f"{method}-seed{seed}", model=model, pool=data["pool"],
-        validation={"val_a": data["val_a"], "val_b": data["val_b"]}, stages=settings.stages,
+        validation=validation_files(data), stages=settings.stages,
         select_fraction=settings.select_fraction, steps_per_stage=settings.steps_per_stage, method=method,
-        trainer="trl", trainer_options=settings.trainer_options(), seed=seed, reward=settings.reward,
+        trainer="lean", trainer_options=settings.trainer_options(test_files(data)), seed=seed,
+        reward=settings.reward,
         collect=CollectOptions(pool_samples=settings.pool_samples, validation_samples=settings.validation_samples,
                                temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
-                               seed=0, backend=settings.backend, batch_prompts=64,
-                               backend_options={"max_batch_rows": 256} if settings.backend == "hf" else {}),
+                               seed=0, backend="hf", batch_prompts=64, backend_options={"max_batch_rows": 512}),
         projection=ProjectionSpec(dim=settings.projection_dim, kept_fraction=settings.kept_fraction),
         gradient_dtype="float32", device="cpu")
 
 
 def _collect(pool, settings: DemoSettings, config: CurriculumConfig, root: str, model: str) -> dict[str, str]:
+    # The transformers backend, sharded over the workers: for a model this small and responses
+    # this short, a vLLM engine's 20-40 s start costs more than the whole collection.
     paths = CurriculumPaths(root, config.name)
-    if settings.backend == "vllm":  # one engine for every split (each start costs 20-40 s)
-        return collect_trajectories(config, paths, model, scoring_splits(config), LogProgress())
     jobs = collect_jobs(config, paths, model, scoring_splits(config))
     n = _shards(settings)
     _wait([pool.submit(run_collect, job.model_dump(mode="json"), (i, n)) for job in jobs.values() for i in range(n)])
@@ -122,19 +128,14 @@ def _collect(pool, settings: DemoSettings, config: CurriculumConfig, root: str, 
 
 
 def _score_initial(pool, settings: DemoSettings, config: CurriculumConfig, root: str, model: str,
-                   trajectories: dict[str, str], test: str) -> dict:
+                   trajectories: dict[str, str]) -> None:
     jobs = gradient_jobs(config, CurriculumPaths(root, config.name), model, trajectories)
     n = _shards(settings)
-    futures = [pool.submit(run_gradients, job.model_dump(mode="json"), (i, n)) for job in jobs for i in range(n)]
-    step0 = pool.submit(run_eval, model, test, settings.reward, settings.max_new_tokens)
-    _wait(futures + [step0])
-    say(f"theta_0 test accuracy {step0.result()['accuracy']:.3f}")
-    return step0.result()
+    _wait([pool.submit(run_gradients, job.model_dump(mode="json"), (i, n)) for job in jobs for i in range(n)])
 
 
-def _train(pool, settings: DemoSettings, configs: list[CurriculumConfig], root: str, test: str) -> list[dict]:
-    futures = {pool.submit(run_method, c.model_dump(mode="json"), root, test, settings.reward,
-                           settings.max_new_tokens): c.name for c in configs}
+def _train(pool, configs: list[CurriculumConfig], root: str) -> list[dict]:
+    futures = {pool.submit(run_method, c.model_dump(mode="json"), root): c.name for c in configs}
     runs = []
     for n, future in enumerate(cf.as_completed(futures), start=1):
         runs.append(future.result())

@@ -7,7 +7,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cropi.errors import InvalidInputError
-from cropi.pipeline.curriculum import METHODS
+
+# The comparison: CROPI, the pool, and the selections it has to beat or approach.
+METHODS = ("cropi", "full", "random", "pass_rate", "oracle")
 
 
 class DemoSettingsError(InvalidInputError):
@@ -21,25 +23,26 @@ class DemoSettings(BaseModel):
 
     seeds: int = Field(3, ge=1, description="training seeds per method")
     methods: tuple[str, ...] = METHODS
-    task_seed: int = Field(0, ge=0, description="seed of the synthetic task's splits")
-    pool_size: int = Field(2000, ge=10)
-    val_size: int = Field(100, ge=2, description="prompts per validation set (val_a, val_b)")
-    test_size: int = Field(200, ge=10)
+    task_seed: int = Field(0, ge=0, description="seed of the task's splits")
+    pool_size: int = Field(1200, ge=18, description="pool prompts (all six skills, three levels)")
+    val_size: int = Field(100, ge=3, description="prompts per targeted validation set")
+    test_size: int = Field(200, ge=3, description="prompts per targeted test split")
     stages: int = Field(4, ge=1)
-    steps_per_stage: int = Field(10, ge=1)
-    select_fraction: float = Field(0.1, gt=0, le=1)
+    steps_per_stage: int = Field(50, ge=1)
+    select_fraction: float = Field(0.1, gt=0, le=1, description="CROPI, random and p(1-p): share of the pool")
     pool_samples: int = Field(8, ge=2, description="K per pool prompt (CROPI: 8)")
-    validation_samples: int = Field(32, ge=2, description="K per validation prompt (CROPI: 32)")
-    temperature: float = Field(0.5, gt=0, description="sampling temperature of the offline trajectories")
-    max_new_tokens: int = Field(96, gt=0, description="longest response, for collection, training and evaluation")
-    projection_dim: int = Field(1024, ge=16)
+    validation_samples: int = Field(16, ge=2, description="K per validation prompt (CROPI: 32)")
+    temperature: float = Field(0.5, gt=0, description="sampling temperature of the offline trajectories (CROPI)")
+    max_new_tokens: int = Field(8, gt=0, description="longest response: collection, training, evaluation")
+    projection_dim: int = Field(2048, ge=16)
     kept_fraction: float = Field(0.1, gt=0, le=1)
-    lr: float = Field(1e-4, gt=0)
-    batch_prompts: int = Field(4, ge=1)
+    lr: float = Field(2e-4, gt=0)
+    batch_prompts: int = Field(8, ge=1)
     rollouts: int = Field(8, ge=2)
-    kl_coef: float = Field(0.001, ge=0)
+    kl_coef: float = Field(0.0, ge=0, description="KL to theta_0 (0: off, as DAPO; CROPI used 0.001)")
+    eval_every: int = Field(10, ge=1, description="global steps between test evaluations")
+    eval_samples: int = Field(4, ge=1, description="k of the sampled test accuracy mean@k")
     reward: str = "exact_numeric"
-    backend: Literal["hf", "vllm"] = "hf"
     workers: int = Field(2, ge=1, description="processes running curricula side by side (one per core)")
 
     @model_validator(mode="after")
@@ -53,9 +56,10 @@ class DemoSettings(BaseModel):
 
     @classmethod
     def quick(cls, **overrides: Any) -> "DemoSettings":
-        """Every method, fewer prompts, stages, steps and seeds: a few minutes on 2 cores."""
-        small = dict(seeds=2, pool_size=400, val_size=32, test_size=100, stages=2, steps_per_stage=4,
-                     validation_samples=8, projection_dim=512)
+        """Every method, a smaller pool, fewer steps and seeds: under 3 minutes on 2 cores."""
+        small = dict(seeds=2, pool_size=360, val_size=24, test_size=60, stages=2, steps_per_stage=15,
+                     validation_samples=8, projection_dim=512, eval_every=5, eval_samples=2,
+                     select_fraction=0.25)
         return cls(**(small | overrides))
 
     @classmethod
@@ -72,6 +76,15 @@ class DemoSettings(BaseModel):
     def total_steps(self) -> int:
         return self.stages * self.steps_per_stage
 
-    def trainer_options(self) -> dict[str, Any]:
+    def split_sizes(self) -> dict[str, int]:
+        from cropi.tasks.skills import TARGETS
+
+        sizes = {"pool": self.pool_size}
+        for val, test in TARGETS.values():
+            sizes |= {val: self.val_size, test: self.test_size}
+        return sizes
+
+    def trainer_options(self, test_files: dict[str, str]) -> dict[str, Any]:
         return {"lr": self.lr, "batch_prompts": self.batch_prompts, "rollouts": self.rollouts,
-                "kl_coef": self.kl_coef, "max_new_tokens": self.max_new_tokens}
+                "kl_coef": self.kl_coef, "max_new_tokens": self.max_new_tokens, "eval_files": test_files,
+                "eval_every": self.eval_every, "eval_samples": self.eval_samples}

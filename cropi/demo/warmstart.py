@@ -3,8 +3,9 @@
 RL from verifiable rewards learns nothing from a policy that never (or always)
 answers correctly: every GRPO group then has zero advantage. A freshly built
 tiny model never does, so the demo first teaches it the answer format and some
-arithmetic with a short supervised run on ``solution_text`` (the worked
-solution), leaving a policy whose pass rate lies strictly between 0 and 1.
+arithmetic with a supervised run on the task's answers, stopped while the
+targeted skills are still partly learned (sampled accuracy 20-50%, pass@8 well
+above): GRPO at this scale sharpens what the model can already sample.
 
 Plain torch: teacher-forced cross-entropy on the response tokens only (the
 prompt is rendered through the chat template exactly as generation renders it),
@@ -27,7 +28,7 @@ from cropi.data.records import PromptRecord, as_messages
 from cropi.errors import InvalidInputError
 from cropi.models import build_tiny_model, load_causal_lm, load_tokenizer
 from cropi.models.tiny import IM_END, IM_START, default_corpus
-from cropi.tasks.arithmetic import solution_text
+from cropi.tasks.skills import response_text
 
 Log = Callable[[str], None]
 
@@ -47,6 +48,11 @@ class WarmStartConfig:
     warmup: int = 20
     weight_decay: float = 0.01
     seed: int = 0
+    stop_at: int | None = None  # stop after this many steps of the ``steps``-long schedule
+
+    @property
+    def steps_run(self) -> int:
+        return self.steps if self.stop_at is None else min(self.stop_at, self.steps)
 
     def check(self) -> None:
         for name in ("steps", "batch_size"):
@@ -63,7 +69,7 @@ def task_corpus(records: Sequence[PromptRecord], seed: int) -> Iterator[str]:
     for r in records:
         question = r.prompt if isinstance(r.prompt, str) else r.prompt[-1]["content"]
         yield (f"{IM_START}user\n{question}{IM_END}\n{IM_START}assistant\n"
-               f"{solution_text(r)}{IM_END}\n")
+               f"{response_text(r)}{IM_END}\n")
 
 
 def warm_start(out_dir: str | Path, records: Sequence[PromptRecord], config: WarmStartConfig = WarmStartConfig(),
@@ -88,9 +94,9 @@ def warm_start(out_dir: str | Path, records: Sequence[PromptRecord], config: War
         losses = _train(model, examples, config, tokenizer.pad_token_id, say)
     model.eval()
     model.save_pretrained(out, safe_serialization=True)
-    summary = {"steps": config.steps, "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:]),
+    summary = {"steps": config.steps_run, "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:]),
                "examples": len(examples), "seconds": round(time.perf_counter() - started, 2)}
-    say(f"warm-start: {config.steps} steps, loss {summary['loss_first']:.3f} -> {summary['loss_last']:.3f}, "
+    say(f"warm-start: {config.steps_run} steps, loss {summary['loss_first']:.3f} -> {summary['loss_last']:.3f}, "
         f"{summary['seconds']:.1f}s")
     return summary
 
@@ -103,7 +109,7 @@ def encode_example(tokenizer, record: PromptRecord) -> tuple[list[int], int]:
     """
     prompt = _ids(tokenizer.apply_chat_template(as_messages(record.prompt), add_generation_prompt=True,
                                                 tokenize=True))
-    response = tokenizer.encode(solution_text(record), add_special_tokens=False)
+    response = tokenizer.encode(response_text(record), add_special_tokens=False)
     return prompt + response + [tokenizer.convert_tokens_to_ids(IM_END)], len(prompt)
 
 
@@ -119,7 +125,7 @@ def _train(model, examples, config: WarmStartConfig, pad_id: int, say: Log) -> l
                              {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, config))
     losses: list[float] = []
-    for step, batch in enumerate(_batches(examples, config.batch_size, config.seed, config.steps)):
+    for step, batch in enumerate(_batches(examples, config.batch_size, config.seed, config.steps_run)):
         ids, labels, mask = _collate(batch, pad_id)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
@@ -129,7 +135,7 @@ def _train(model, examples, config: WarmStartConfig, pad_id: int, say: Log) -> l
         sched.step()
         losses.append(float(loss.detach()))
         if (step + 1) % 50 == 0:
-            say(f"warm-start step {step + 1}/{config.steps}: loss {sum(losses[-50:]) / 50:.3f}")
+            say(f"warm-start step {step + 1}/{config.steps_run}: loss {sum(losses[-50:]) / 50:.3f}")
     return losses
 
 

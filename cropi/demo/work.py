@@ -41,38 +41,18 @@ def run_gradients(job: dict, shard: tuple[int, int]) -> dict:
     return compute_gradients(job, LogProgress(f"shard {shard[0]}/{shard[1]} "))
 
 
-def run_eval(model: str, test: str, reward: str, max_new_tokens: int) -> dict:
-    """Greedy test accuracy of a checkpoint, cached beside it (keyed by its fingerprint and the test set)."""
-    from cropi.data import load_prompts, prompts_fingerprint
-    from cropi.demo.evaluate import evaluate
-    from cropi.utils.fingerprint import model_fingerprint
-
-    records = load_prompts(test)
-    key = {"model": model_fingerprint(model), "test": prompts_fingerprint(records), "reward": reward,
-           "max_new_tokens": max_new_tokens}
-    cache = Path(model).parent / "test_eval.json"
-    if cache.is_file():
-        doc = json.loads(cache.read_text())
-        if doc.get("key") == key:
-            return doc["result"]
-    result = evaluate(model, records, reward=reward, max_new_tokens=max_new_tokens)
-    result = {"accuracy": result["accuracy"], "n": result["n"], "by_skill": result["by_group"]}
-    cache.write_text(json.dumps({"key": key, "result": result}, sort_keys=True) + "\n")
-    return result
-
-
-def run_method(config: dict, root: str, test: str, reward: str, max_new_tokens: int) -> dict:
-    """Run one curriculum to its end, then evaluate every stage checkpoint on the test set."""
+def run_method(config: dict, root: str) -> dict:
+    """Run one curriculum to its end; returns its stages and the test evaluations its trainer logged."""
     from cropi.pipeline.curriculum import CurriculumConfig, run_curriculum
 
     cfg = CurriculumConfig.model_validate(config)
     started = time.monotonic()
     result = run_curriculum(cfg, root=root, progress=LogProgress(every_s=30.0))
-    trained = time.monotonic()
-    evals = []
+    evals, steps = [], []
     for stage in result["stages"]:
-        evals.append({"step": stage["global_step"], **run_eval(stage["checkpoint"], test, reward, max_new_tokens)})
-    say(f"{cfg.name}: done; test accuracy by step " +
-        ", ".join(f"{e['step']}: {e['accuracy']:.3f}" for e in evals))
-    return {"method": cfg.method, "seed": cfg.seed, "name": cfg.name, "stages": result["stages"], "evals": evals,
-            "seconds": {"curriculum": trained - started, "evaluation": time.monotonic() - trained}}
+        rows = [json.loads(line) for line in Path(stage["metrics_path"]).read_text().splitlines() if line]
+        evals += [r for r in rows if "eval" in r]
+        steps += [r for r in rows if "eval" not in r]
+    say(f"{cfg.name}: done in {time.monotonic() - started:.0f}s")
+    return {"method": cfg.method, "seed": cfg.seed, "name": cfg.name, "stages": result["stages"],
+            "evals": evals, "steps": steps, "seconds": time.monotonic() - started}

@@ -54,6 +54,16 @@ class HFBackend(GenerationBackend):
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.stop_ids)
         self.max_model_len = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
 
+    @classmethod
+    def from_model(cls, model, tokenizer, stop_ids: set[int], *, max_batch_rows: int = 256) -> "HFBackend":
+        """A backend over an already loaded model (a trainer's live policy): the same decode loop."""
+        backend = cls.__new__(cls)
+        backend.device, backend.model, backend.tokenizer = model.device, model, tokenizer
+        backend.max_batch_rows, backend.stop_ids = max_batch_rows, set(stop_ids)
+        backend.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids)
+        backend.max_model_len = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        return backend
+
     def generate(self, prompts: list[list[int]], keys: list[str], cfg: SamplingConfig) -> list[list[Sample]]:
         if self.model is None:
             raise GenerationError("this backend was closed: make a new one with make_backend")

@@ -1,4 +1,4 @@
-"""Selection rules of the curriculum baselines: full pool, random fraction, pass-rate heuristic.
+"""Selection rules of the curriculum baselines: full pool, random fraction, pass-rate heuristic, oracle.
 
 They share CROPI's trainer, steps and seeds; only the stage subset differs. All
 rules are deterministic in their seed, and the fractions are of the whole pool
@@ -10,9 +10,12 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from cropi.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from cropi.data import PromptRecord
 
 
 def fraction_count(fraction: float, pool_size: int) -> int:
@@ -31,6 +34,20 @@ def select_random(prompt_ids: Sequence[str], fraction: float, *, seed: int, stag
     """A uniform random fraction of the pool, drawn afresh at every stage from (seed, stage)."""
     rng = random.Random(f"cropi.random-baseline:{seed}:{stage}")
     return rng.sample(list(prompt_ids), fraction_count(fraction, len(prompt_ids)))
+
+
+def select_oracle(pool: Mapping[str, "PromptRecord"], validation: Iterable["PromptRecord"]) -> list[str]:
+    """Every pool prompt from a data source the validation sets draw from, in pool order.
+
+    The upper bound a selector could reach when the pool labels its sources: training
+    on exactly the target distributions. Not a fraction of the pool: all of those.
+    """
+    sources = {r.data_source for r in validation}
+    chosen = [p for p, r in pool.items() if r.data_source in sources]
+    if not chosen:
+        raise InvalidInputError(f"no pool prompt shares a data_source with the validation sets ({sorted(sources)}): "
+                                "the oracle needs pools whose data_source names the target distributions")
+    return chosen
 
 
 def pass_rates(rewards: Iterable[tuple[str, Sequence[float | None]]]) -> dict[str, float]:

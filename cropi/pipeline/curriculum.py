@@ -65,7 +65,7 @@ from cropi.trainers import make_trainer
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.fsio import atomic_write_bytes, read_json, resolve, write_json_atomic
 
-METHODS = ("cropi", "full", "random", "pass_rate")
+METHODS = ("cropi", "full", "random", "pass_rate", "oracle")
 POOL = "pool"
 STATE_VERSION = 1
 MAX_STAGES = 1000
@@ -112,7 +112,7 @@ class CurriculumConfig(BaseModel):
     stages: int = Field(3, ge=1, le=MAX_STAGES)
     select_fraction: float = Field(0.1, gt=0, le=1, validation_alias=AliasChoices("select_fraction", "fraction"))
     steps_per_stage: int = Field(10, ge=1)
-    method: Literal["cropi", "full", "random", "pass_rate"] = "cropi"
+    method: Literal["cropi", "full", "random", "pass_rate", "oracle"] = "cropi"
     trainer: str = "trl"
     trainer_options: dict[str, Any] = Field(default_factory=dict)
     seed: int = Field(0, ge=0)
@@ -295,7 +295,7 @@ def summary(doc: dict, stages: Optional[int] = None) -> dict:
                      "ranking": s.get("scored", {}).get("ranking"), "subset": selected.get("subset"),
                      "n_prompts": selected.get("n_prompts"), "checkpoint": trained.get("checkpoint"),
                      "steps_done": trained.get("steps_done"), "global_step": trained.get("global_step"),
-                     "metrics": trained.get("metrics", {})})
+                     "metrics": trained.get("metrics", {}), "metrics_path": trained.get("metrics_path")})
     done = [r for r in rows if r["checkpoint"]]
     return {"name": doc["name"], "method": doc["config"]["method"], "finished": bool(doc.get("finished")),
             "stages": rows, "final_checkpoint": done[-1]["checkpoint"] if done else None}
@@ -332,7 +332,7 @@ def stage_seed(seed: int, m: int) -> int:
 
 
 def _score(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, progress: Progress) -> dict:
-    if config.method in ("full", "random"):
+    if config.method in ("full", "random", "oracle"):
         return {"model": model, "ranking": None}
     behavior = model if config.recollect_each_stage else str(Path(config.model).resolve())
     trajectories = collect_trajectories(config, paths, behavior, scoring_splits(config), progress)
@@ -447,7 +447,7 @@ def _pass_rate_table(trajectories: str) -> pa.Table:
 
 def _select(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool: dict[str, PromptRecord],
             scored: dict) -> dict:
-    selected = select_prompts(config, m, list(pool), scored.get("ranking"))
+    selected = select_prompts(config, m, pool, scored.get("ranking"))
     if not selected:
         raise InvalidInputError(f"stage {m} of {config.name!r} selected no prompts: every pool prompt was "
                                 "excluded (see the ranking's status counts); check the trajectories' rewards")
@@ -456,12 +456,15 @@ def _select(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool: dict
     return {"subset": str(subset), "n_prompts": len(selected), "pool_size": len(pool)}
 
 
-def select_prompts(config: CurriculumConfig, m: int, pool_ids: list[str], ranking: Optional[str]) -> list[str]:
+def select_prompts(config: CurriculumConfig, m: int, pool: dict[str, PromptRecord], ranking: Optional[str]) -> list[str]:
     """The stage-``m`` subset by the config's method, best first where there is an order."""
+    pool_ids = list(pool)
     if config.method == "full":
         return baselines.select_full(pool_ids)
     if config.method == "random":
         return baselines.select_random(pool_ids, config.select_fraction, seed=config.seed, stage=m)
+    if config.method == "oracle":
+        return baselines.select_oracle(pool, [r for path in config.validation.values() for r in load_prompts(path)])
     table = pq.read_table(ranking)
     if config.method == "pass_rate":
         rates = dict(zip(table["prompt_id"].to_pylist(), table["pass_rate"].to_pylist()))

@@ -120,6 +120,7 @@ def check_stage_args(*, steps: int, seed: int, stage: int) -> None:
 # Adapters are imported on first use: trl lives only in the main environment and
 # verl's launcher must import where trl is absent (the verl environment).
 _ADAPTERS = {
+    "lean": ("cropi.trainers.lean", "LeanTrainer"),
     "trl": ("cropi.trainers.trl", "TrlTrainer"),
     "verl": ("cropi.trainers.verl", "VerlTrainer"),
 }
