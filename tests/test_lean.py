@@ -158,3 +158,14 @@ def test_same_seed_same_stage_is_reproducible(model_dir, tmp_path):
                                 seed=7, stage=0, reward=DIGITS) for d in ("a", "b"))
     wa, wb = load_causal_lm(a.checkpoint).state_dict(), load_causal_lm(b.checkpoint).state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_prompt_order_covers_each_epoch_and_never_repeats_within_a_batch():
+    from cropi.trainers.lean import _PromptOrder
+
+    order = _PromptOrder(10, seed=3)
+    batches = [order.take(4) for _ in range(25)]  # 100 draws: 10 epochs, batches crossing epoch ends
+    assert all(len(set(b)) == 4 for b in batches)
+    flat = [i for b in batches for i in b]
+    counts = {i: flat.count(i) for i in range(10)}
+    assert set(counts.values()) == {10}  # every prompt exactly once an epoch over the run

@@ -1,7 +1,7 @@
 """``cropi demo``: the CROPI curriculum against its baselines, end to end on a CPU.
 
 ``run_demo(DemoSettings.quick(), "out/demo")`` runs every method on the synthetic
-arithmetic task with the shipped warm-started tiny model and writes report.json,
+skills task (cropi.tasks.skills) with the shipped warm-started tiny model and writes report.json,
 report.md and PNG plots (see cropi.demo.runner for the phases).
 """
 

@@ -28,7 +28,7 @@ TASK_SIZES = {"test_count": 200, "test_maxd": 200, "val_count": 100, "val_maxd":
               "warmstart": 3000}
 # The schedule runs over ``steps``; training stops at ``stop_at``, the first snapshot whose
 # targeted skills' sampled accuracy reached the design range (docs/demo.md).
-RECIPE = WarmStartConfig(size="tiny", steps=4000, batch_size=64, lr=3e-3, seed=0)
+RECIPE = WarmStartConfig(size="tiny", steps=4000, batch_size=64, lr=3e-3, seed=0, stop_at=100)
 
 
 def shipped_model() -> Path:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from cropi.data import write_jsonl
-from cropi.demo.assets import place_model
+from cropi.demo.assets import place_model, task_splits
 from cropi.demo.log import LogProgress, say
 from cropi.demo.settings import DemoSettings
 from cropi.demo.work import init_worker, run_collect, run_gradients, run_method
@@ -84,7 +84,8 @@ def cpu_seconds() -> float:
 
 def write_task(settings: DemoSettings, folder: Path) -> dict[str, str]:
     """The task's splits as JSONL files; returns split -> path."""
-    splits = skills.make_splits(settings.task_seed, settings.split_sizes())
+    drawn = task_splits()
+    splits = {name: drawn[name][:n] for name, n in settings.split_sizes().items()}
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name, records in splits.items():

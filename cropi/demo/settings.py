@@ -23,20 +23,19 @@ class DemoSettings(BaseModel):
 
     seeds: int = Field(3, ge=1, description="training seeds per method")
     methods: tuple[str, ...] = METHODS
-    task_seed: int = Field(0, ge=0, description="seed of the task's splits")
-    pool_size: int = Field(1200, ge=18, description="pool prompts (all six skills, three levels)")
-    val_size: int = Field(100, ge=3, description="prompts per targeted validation set")
-    test_size: int = Field(200, ge=3, description="prompts per targeted test split")
+    pool_size: int = Field(1200, ge=18, le=1200, description="pool prompts (all six skills, three levels)")
+    val_size: int = Field(100, ge=3, le=100, description="prompts per targeted validation set")
+    test_size: int = Field(200, ge=3, le=200, description="prompts per targeted test split")
     stages: int = Field(4, ge=1)
-    steps_per_stage: int = Field(50, ge=1)
+    steps_per_stage: int = Field(60, ge=1)
     select_fraction: float = Field(0.1, gt=0, le=1, description="CROPI, random and p(1-p): share of the pool")
     pool_samples: int = Field(8, ge=2, description="K per pool prompt (CROPI: 8)")
     validation_samples: int = Field(16, ge=2, description="K per validation prompt (CROPI: 32)")
     temperature: float = Field(0.5, gt=0, description="sampling temperature of the offline trajectories (CROPI)")
-    max_new_tokens: int = Field(8, gt=0, description="longest response: collection, training, evaluation")
+    max_new_tokens: int = Field(4, gt=0, description="longest response: collection, training, evaluation")
     projection_dim: int = Field(2048, ge=16)
     kept_fraction: float = Field(0.1, gt=0, le=1)
-    lr: float = Field(2e-4, gt=0)
+    lr: float = Field(3e-4, gt=0)
     batch_prompts: int = Field(8, ge=1)
     rollouts: int = Field(8, ge=2)
     kl_coef: float = Field(0.0, ge=0, description="KL to theta_0 (0: off, as DAPO; CROPI used 0.001)")
@@ -58,7 +57,7 @@ class DemoSettings(BaseModel):
     def quick(cls, **overrides: Any) -> "DemoSettings":
         """Every method, a smaller pool, fewer steps and seeds: under 3 minutes on 2 cores."""
         small = dict(seeds=2, pool_size=360, val_size=24, test_size=60, stages=2, steps_per_stage=15,
-                     validation_samples=8, projection_dim=512, eval_every=5, eval_samples=2,
+                     validation_samples=8, projection_dim=512, eval_every=5, eval_samples=4,
                      select_fraction=0.25)
         return cls(**(small | overrides))
 
@@ -77,6 +76,8 @@ class DemoSettings(BaseModel):
         return self.stages * self.steps_per_stage
 
     def split_sizes(self) -> dict[str, int]:
+        """Prompts per split; each split is a prefix of the task drawn at its full size
+        (cropi.demo.assets.TASK_SIZES), which bounds them."""
         from cropi.tasks.skills import TARGETS
 
         sizes = {"pool": self.pool_size}

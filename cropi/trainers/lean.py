@@ -257,17 +257,22 @@ def _step_seed(seed: int, step: int) -> int:
 
 
 class _PromptOrder:
-    """Prompt indices in epochs, each epoch a fresh shuffle from the seed."""
+    """Prompt indices in epochs, each a fresh shuffle from the seed; a batch never repeats a prompt
+    (one crossing an epoch's end waits for the next batch)."""
 
     def __init__(self, n: int, seed: int):
         self.n, self.rng, self.queue = n, random.Random(f"cropi.lean.order:{seed}"), []
 
     def take(self, k: int) -> list[int]:
-        while len(self.queue) < k:
-            fresh = list(range(self.n))
-            self.rng.shuffle(fresh)
-            self.queue.extend(fresh)
-        out, self.queue = self.queue[:k], self.queue[k:]
+        out: list[int] = []
+        deferred: list[int] = []
+        while len(out) < k:
+            if not self.queue:
+                self.queue = list(range(self.n))
+                self.rng.shuffle(self.queue)
+            i = self.queue.pop(0)
+            (deferred if i in out else out).append(i)
+        self.queue = deferred + self.queue
         return out
 
 
