@@ -164,15 +164,31 @@ def _shares(records) -> dict:
     levels = Counter(str(r.extra_info.get("level")) for r in records)
     n = len(records)
     return {"n": n, "skills": {k: v / n for k, v in sorted(skills.items())},
-            "levels": {k: v / n for k, v in sorted(levels.items())}}
+            "levels": {k: v / n for k, v in sorted(levels.items())}, "modal_answer": _modal_answer_share(records)}
+
+
+def _modal_answer_share(records) -> dict:
+    """Per skill, the share of its prompts whose answer is the skill's most common one.
+
+    With one-token answers a prompt's gradient is dominated by its answer token, so a
+    gradient-similarity selection can pick by answer label rather than by skill; this
+    is how that shows (the pool's own share is the baseline).
+    """
+    by_skill: dict = defaultdict(Counter)
+    for r in records:
+        by_skill[r.extra_info.get("skill")][r.answer] += 1
+    return {k: max(c.values()) / sum(c.values()) for k, c in sorted(by_skill.items())}
 
 
 def _mean_shares(shares: list[dict]) -> dict:
     def mean(kind: str) -> dict:
         keys = sorted({k for s in shares for k in s[kind]})
+        if kind == "modal_answer":  # a share among the skill's own prompts: average where the skill is present
+            return {k: float(np.mean([s[kind][k] for s in shares if k in s[kind]])) for k in keys}
         return {k: float(np.mean([s[kind].get(k, 0.0) for s in shares])) for k in keys}
 
-    return {"n": float(np.mean([s["n"] for s in shares])), "skills": mean("skills"), "levels": mean("levels")}
+    return {"n": float(np.mean([s["n"] for s in shares])), "skills": mean("skills"), "levels": mean("levels"),
+            "modal_answer": mean("modal_answer")}
 
 
 def score_tables(runs: list[dict]) -> dict:
@@ -261,6 +277,8 @@ def markdown(report: dict) -> str:
     for method, v in report["final"].items():
         lines.append(f"| {method} | " + " | ".join(f"{v[sp][k]:.3f}" for sp in splits for k in keys) + " |")
     lines += ["", "## What each stage selected (skill shares, mean over seeds)", ""] + _selection_table(report["selection"])
+    lines += ["", "Share of the most common answer among each targeted skill's selected prompts (label skew; "
+              "mean over seeds):", ""] + _label_table(report["selection"])
     lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in report["plots"]]
     t = report["trainer"]
     lines += ["", "## Notes", "",
@@ -302,6 +320,20 @@ def _selection_table(selection: dict) -> list[str]:
         for m, mix in stages.items():
             lines.append(f"| {method} | {m} | {mix['n']:.0f} | " +
                          " | ".join(f"{mix['skills'].get(k, 0):.2f}" for k in skills) + " |")
+    return lines
+
+
+def _label_table(selection: dict) -> list[str]:
+    from cropi.tasks.skills import TARGETS
+
+    lines = ["| method | stage | " + " | ".join(TARGETS) + " |", "|---" * (len(TARGETS) + 2) + "|"]
+    lines.append("| pool | - | " + " | ".join(f"{selection['pool']['modal_answer'].get(k, 0):.2f}" for k in TARGETS) + " |")
+    for method, stages in selection.items():
+        if method == "pool":
+            continue
+        for m, mix in stages.items():
+            cells = [f"{mix['modal_answer'][k]:.2f}" if k in mix["modal_answer"] else "-" for k in TARGETS]
+            lines.append(f"| {method} | {m} | " + " | ".join(cells) + " |")
     return lines
 
 

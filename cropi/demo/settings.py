@@ -26,7 +26,7 @@ class DemoSettings(BaseModel):
     pool_size: int = Field(1200, ge=18, le=1200, description="pool prompts (all six skills, three levels)")
     val_size: int = Field(100, ge=3, le=100, description="prompts per targeted validation set")
     test_size: int = Field(200, ge=3, le=200, description="prompts per targeted test split")
-    stages: int = Field(4, ge=1)
+    stages: int = Field(6, ge=1)
     steps_per_stage: int = Field(60, ge=1)
     select_fraction: float = Field(0.1, gt=0, le=1, description="CROPI, random and p(1-p): share of the pool")
     pool_samples: int = Field(8, ge=2, description="K per pool prompt (CROPI: 8)")
