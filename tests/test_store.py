@@ -682,6 +682,105 @@ def test_manifest_is_readable_json(tmp_path):
     assert manifest["identity"]["dim"] == DIM and manifest["format"] == "ipc" and manifest["key"] == "prompt_id"
 
 
+# ---------------------------------------------------------------- rankings
+
+def _ranking_table(n: int = 40) -> tuple[pa.Table, dict]:
+    rng = np.random.default_rng(3)
+    table = pa.table({"prompt_id": [f"q{i:03d}" for i in range(n)], "status": ["ok"] * n,
+                      "rank": pa.array(rng.permutation(n) + 1, pa.int64()), "fused": rng.random(n),
+                      "score:val": rng.standard_normal(n), "selected": [bool(i % 3 == 0) for i in range(n)]})
+    return table, {"checkpoint": "c", "spec_id": "s", "pool": "pool", "validation": ["val"], "fusion": "rrf"}
+
+
+def test_ranking_roundtrip_and_nothing_left_behind(tmp_path):
+    from cropi.store import rankings
+    table, meta = _ranking_table()
+    rankings.save(str(tmp_path), "c", "s", "pool", table, meta)
+    got, got_meta = rankings.load(str(tmp_path), "c", pool="pool", spec_id="s")
+    assert got.equals(table) and got_meta == meta
+    folder = tmp_path / "rankings" / "c" / "s"
+    assert sorted(p.name for p in folder.iterdir()) == ["pool.parquet", "pool.parquet.sha256.json"]
+    assert len(json.loads((folder / "pool.parquet.sha256.json").read_text())["accept"]) == 1
+    table2 = table.set_column(3, "fused", pa.array(np.zeros(table.num_rows)))
+    rankings.save(str(tmp_path), "c", "s", "pool", table2, meta)
+    assert rankings.load(str(tmp_path), "c")[0].equals(table2)
+
+
+def test_every_bit_flip_of_a_ranking_is_refused(tmp_path):
+    from cropi.store import rankings
+    table, meta = _ranking_table()
+    rankings.save(str(tmp_path), "c", "s", "pool", table, meta)
+    path = tmp_path / "rankings" / "c" / "s" / "pool.parquet"
+    good = path.read_bytes()
+    rng = np.random.default_rng(0)
+    positions = sorted(set(rng.choice(len(good), size=48, replace=False).tolist()) | {0, 4, len(good) - 5,
+                                                                                       len(good) - 1})
+    outcomes = {"refused": 0, "identical": 0}
+    for pos in positions:
+        for bit in range(8):
+            bad = bytearray(good)
+            bad[pos] ^= 1 << bit
+            path.write_bytes(bytes(bad))
+            try:
+                got, got_meta = rankings.load(str(tmp_path), "c")
+            except CorruptDataError as e:
+                assert str(path) in str(e) and "rerun `cropi rank`" in str(e)
+                outcomes["refused"] += 1
+            else:  # the only acceptable load is one with identical contents
+                assert got.equals(table) and got_meta == meta, f"bit {bit} of byte {pos} changed the ranking"
+                outcomes["identical"] += 1
+    assert sum(outcomes.values()) == 8 * len(positions)
+    for cut in (0, 1, len(good) // 2, len(good) - 1):
+        path.write_bytes(good[:cut])
+        with pytest.raises(CorruptDataError, match=f"{path}.*bytes"):
+            rankings.load(str(tmp_path), "c")
+    path.write_bytes(good)
+    assert rankings.load(str(tmp_path), "c")[0].equals(table)
+
+
+def test_a_damaged_or_missing_ranking_checksum_file_is_refused(tmp_path):
+    from cropi.store import rankings
+    table, meta = _ranking_table()
+    rankings.save(str(tmp_path), "c", "s", "pool", table, meta)
+    sums = tmp_path / "rankings" / "c" / "s" / "pool.parquet.sha256.json"
+    doc = json.loads(sums.read_text())
+    doc["accept"][0]["sha256"] = "0" * 64
+    sums.write_text(json.dumps(doc))
+    with pytest.raises(CorruptDataError, match="pool.parquet fails its checksum"):
+        rankings.load(str(tmp_path), "c")
+    sums.write_text("{not json")
+    with pytest.raises(CorruptDataError, match="sha256.json"):
+        rankings.load(str(tmp_path), "c")
+    sums.unlink()
+    with pytest.raises(CorruptDataError, match="has no checksum file"):
+        rankings.load(str(tmp_path), "c")
+
+
+@pytest.mark.parametrize("crash_at", [1, 2])
+def test_a_ranking_rewrite_killed_midway_still_loads_old_or_new(tmp_path, monkeypatch, crash_at):
+    from cropi.store import rankings
+    old, meta = _ranking_table()
+    rankings.save(str(tmp_path), "c", "s", "pool", old, meta)
+    new = old.set_column(3, "fused", pa.array(np.zeros(old.num_rows)))
+    steps = []
+    real_json, real_bytes = rankings.write_json_atomic, rankings.atomic_write_bytes
+
+    def step(real):
+        def run(*args):
+            if len(steps) == crash_at:
+                raise KeyboardInterrupt("killed")
+            steps.append(real.__name__)
+            return real(*args)
+        return run
+
+    monkeypatch.setattr(rankings, "write_json_atomic", step(real_json))
+    monkeypatch.setattr(rankings, "atomic_write_bytes", step(real_bytes))
+    with pytest.raises(KeyboardInterrupt):
+        rankings.save(str(tmp_path), "c", "s", "pool", new, meta)
+    got = rankings.load(str(tmp_path), "c")[0]
+    assert got.equals(old if crash_at == 1 else new)
+
+
 # ---------------------------------------------------------------- the child process of the SIGKILL test
 
 def _child_main(root: str, kill_point: str, pids: list[str]) -> None:
