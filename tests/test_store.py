@@ -682,6 +682,35 @@ def test_manifest_is_readable_json(tmp_path):
     assert manifest["identity"]["dim"] == DIM and manifest["format"] == "ipc" and manifest["key"] == "prompt_id"
 
 
+@pytest.mark.parametrize("edit, match", [
+    (lambda m: m["identity"].update(dim=DIM // 2), f"identity dim is {DIM // 2}, but its vector column holds {DIM}"),
+    (lambda m: m["identity"].update(dtype="float16"), "identity dtype is 'float16', but its vector column holds float"),
+    (lambda m: m["columns"].update(vector="fixed_size_list<item: float>[2]"), "columns .* do not match its schema"),
+    (lambda m: m["identity"]["checkpoint"].update(fingerprint="other"), "its content does not match its recorded content_sha256"),
+])
+def test_an_edited_manifest_is_refused_naming_it(tmp_path, edit, match):
+    split = open_split(tmp_path)
+    write_grads(split, "w0", ["p0", "p1"])
+    path = Path(split.dataset.path, "manifest.json")
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(CorruptDataError, match=f"{path} was edited after it was written: {match}"):
+        GradientStore(str(tmp_path)).open_split(CKPT.name, SPEC["spec_id"], "pool").read()
+    with pytest.raises(CorruptDataError, match="was edited"):
+        open_split(tmp_path)  # reopening for writing is refused too
+
+
+def test_a_manifest_from_before_content_checksums_still_opens(tmp_path):
+    split = open_split(tmp_path)
+    write_grads(split, "w0", ["p0", "p1"])
+    path = Path(split.dataset.path, "manifest.json")
+    manifest = json.loads(path.read_text())
+    del manifest["content_sha256"]
+    path.write_text(json.dumps(manifest))
+    assert GradientStore(str(tmp_path)).open_split(CKPT.name, SPEC["spec_id"], "pool").read().prompt_ids == ["p0", "p1"]
+
+
 # ---------------------------------------------------------------- rankings
 
 def _ranking_table(n: int = 40) -> tuple[pa.Table, dict]:
