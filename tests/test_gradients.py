@@ -166,3 +166,51 @@ def test_group_advantages_match_numpy():
         got = group_advantages(torch.tensor(r)).numpy()
         want = np.zeros_like(r) if np.all(r == r[0]) else (r - r.mean()) / (r.std(ddof=1) + 1e-4)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+
+
+# ---------------------------------------------------------------- checkpoint loading
+
+class _Payload:
+    """Unpickling this creates a file: proof that a pickle was (or was not) loaded."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_pickle_only_checkpoint_is_refused_and_never_unpickled(tmp_path):
+    import pickle
+
+    from cropi.models.loading import ModelLoadError, load_causal_lm
+
+    folder = tmp_path / "ckpt"
+    model = tiny_model()
+    model.save_pretrained(folder)
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")  # the layout older checkpoints have
+    assert (folder / "pytorch_model.bin").is_file() and not list(folder.glob("*.safetensors"))
+    with pytest.raises(ModelLoadError, match=r"pickle files \(pytorch_model.bin\).*safetensors"):
+        load_causal_lm(folder)
+    marker = tmp_path / "unpickled"
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_Payload(str(marker))))
+    with pytest.raises(ModelLoadError, match="never loads"):
+        load_causal_lm(folder)
+    assert not marker.exists()
+    (folder / "pytorch_model.bin").unlink()
+    with pytest.raises(ModelLoadError, match="has no weights"):
+        load_causal_lm(folder)
+
+
+def test_safetensors_are_loaded_even_beside_a_pickle(tmp_path):
+    from cropi.models.loading import load_causal_lm
+
+    folder = tmp_path / "ckpt"
+    model = tiny_model(1)
+    model.save_pretrained(folder)
+    (folder / "pytorch_model.bin").write_bytes(b"not a pickle at all")
+    got = load_causal_lm(folder)
+    for (n, p), (_, q) in zip(model.named_parameters(), got.named_parameters()):
+        assert torch.equal(p, q), n
