@@ -245,6 +245,23 @@ def test_bad_json_line_and_non_object_line_give_their_line_numbers(tmp_path):
     assert "not valid JSON" in err.problems[0].reason and "expected a JSON object" in err.problems[1].reason
 
 
+@pytest.mark.parametrize("depth", [100_000, 40])
+def test_a_line_nested_absurdly_deep_is_refused_not_a_recursion_error(tmp_path, depth):
+    path = tmp_path / "p.jsonl"
+    deep = '{"prompt": "q", "answer": "1", "extra_info": {"x": ' + "[" * depth + "]" * depth + "}}"
+    path.write_text(json.dumps({"prompt": "a", "answer": "1"}) + "\n" + deep + "\n" + "[" * depth + "]" * depth + "\n")
+    err = _bad_rows(str(path))
+    assert [p.where for p in err.problems] == ["line 2", "line 3"]
+    assert all("nested more than" in p.reason for p in err.problems)
+
+
+def test_nesting_within_the_bound_still_loads(tmp_path):
+    path = tmp_path / "p.jsonl"
+    extra = {"a": {"b": {"c": [[1, 2], [3]]}}}
+    path.write_text(json.dumps({"prompt_id": "r", "prompt": "q", "answer": "1", "extra_info": extra}) + "\n")
+    assert load_prompts(str(path))[0].extra_info == extra
+
+
 def test_duplicate_ids_name_both_rows(tmp_path):
     path = str(tmp_path / "p.jsonl")
     _write_jsonl_lines(path, [{"prompt_id": "x", "prompt": "a", "answer": "1"},

@@ -149,6 +149,67 @@ def test_nonfinite_and_truncated_statuses():
     assert short.compute(long).status == "truncated"
 
 
+EOS = 2
+
+
+def _ending_in_eos(rng, rewards):
+    """Responses that end with the end-of-sequence token, as the collect step stores them."""
+    traj = make_traj(rng, rewards)
+    traj.responses = [[t for t in r if t != EOS] + [EOS] for r in traj.responses]
+    traj.behavior_logprobs = [list(rng.normal(-4.6, 0.3, len(r))) for r in traj.responses]
+    return traj
+
+
+def test_the_eos_token_counts_in_the_response_length():
+    model = tiny_model(2)
+    model.config.eos_token_id = EOS
+    model.generation_config.eos_token_id = EOS
+    traj = _ending_in_eos(np.random.default_rng(6), [1, 0, 0, 1, 1])
+    traj.responses[0] = [EOS]  # a response that is only the EOS token
+    traj.behavior_logprobs[0] = [-3.0]
+    spec = ProjectionSpec(kind="identity", kept_fraction=1.0)
+    comp, proj = computer_for(model, spec)
+    got = comp.compute(traj)
+    # brute force: every response token, EOS included, in the log-prob sum and in |y| of the mean
+    want = proj.project([(n, g[None].float()) for n, g in brute_force_grad(model, traj)])[0].numpy()
+    assert got.status == "ok"
+    np.testing.assert_allclose(got.vector, want, rtol=2e-4, atol=1e-7)
+    assert got.n_tokens == sum(len(traj.prompt_token_ids) + len(r) for r in traj.responses)
+
+
+def test_a_failed_reward_counts_as_incorrect_never_correct():
+    model = tiny_model(4)
+    rng = np.random.default_rng(8)
+    traj = make_traj(rng, [1, None, 0, None, 1])
+    comp, proj = computer_for(model, ProjectionSpec(kind="identity", kept_fraction=1.0))
+    got = comp.compute(traj)
+    as_zero = make_traj(np.random.default_rng(8), [1, 0, 0, 0, 1])  # the same draws, None scored 0
+    want = proj.project([(n, g[None].float()) for n, g in brute_force_grad(model, as_zero)])[0].numpy()
+    np.testing.assert_allclose(got.vector, want, rtol=2e-4, atol=1e-7)
+    assert got.reward_mean == pytest.approx(0.4)
+    only_failed_and_correct = make_traj(rng, [1, None, 1])  # None as 1 would make every advantage zero
+    assert comp.compute(only_failed_and_correct).status == "ok"
+
+
+def test_a_response_that_exactly_fills_the_context_is_not_truncated():
+    model = tiny_model()
+    comp, proj = computer_for(model, ProjectionSpec(kind="identity", kept_fraction=1.0), max_length=8)
+    traj = make_traj(np.random.default_rng(5), [1, 0, 1], prompt_len=5)
+    traj.responses = [[4, 5, 6], [7, 8], [9, 10, 11]]  # 5 + 3 = 8 tokens: exactly the context
+    traj.behavior_logprobs = [[-4.0] * len(r) for r in traj.responses]
+    got = comp.compute(traj)
+    want = proj.project([(n, g[None].float()) for n, g in brute_force_grad(model, traj)])[0].numpy()
+    assert got.status == "ok"
+    np.testing.assert_allclose(got.vector, want, rtol=2e-4, atol=1e-7)
+    traj.responses[2] = [9, 10, 11, 12]  # one token over
+    traj.behavior_logprobs[2] = [-4.0] * 4
+    assert comp.compute(traj).status == "truncated"
+    traj.prompt_token_ids = [3] * 7
+    traj.responses = [[4], [5], [6]]
+    traj.behavior_logprobs = [[-4.0]] * 3
+    assert comp.compute(traj).status == "ok"  # 7 + 1 = 8: still exactly fits
+
+
 def test_filter_limits_gradients_to_covered_parameters():
     model = tiny_model()
     spec = ProjectionSpec(kind="identity", kept_fraction=1.0, include=r"mlp")
@@ -166,3 +227,51 @@ def test_group_advantages_match_numpy():
         got = group_advantages(torch.tensor(r)).numpy()
         want = np.zeros_like(r) if np.all(r == r[0]) else (r - r.mean()) / (r.std(ddof=1) + 1e-4)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+
+
+# ---------------------------------------------------------------- checkpoint loading
+
+class _Payload:
+    """Unpickling this creates a file: proof that a pickle was (or was not) loaded."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_pickle_only_checkpoint_is_refused_and_never_unpickled(tmp_path):
+    import pickle
+
+    from cropi.models.loading import ModelLoadError, load_causal_lm
+
+    folder = tmp_path / "ckpt"
+    model = tiny_model()
+    model.save_pretrained(folder)
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")  # the layout older checkpoints have
+    assert (folder / "pytorch_model.bin").is_file() and not list(folder.glob("*.safetensors"))
+    with pytest.raises(ModelLoadError, match=r"pickle files \(pytorch_model.bin\).*safetensors"):
+        load_causal_lm(folder)
+    marker = tmp_path / "unpickled"
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_Payload(str(marker))))
+    with pytest.raises(ModelLoadError, match="never loads"):
+        load_causal_lm(folder)
+    assert not marker.exists()
+    (folder / "pytorch_model.bin").unlink()
+    with pytest.raises(ModelLoadError, match="has no weights"):
+        load_causal_lm(folder)
+
+
+def test_safetensors_are_loaded_even_beside_a_pickle(tmp_path):
+    from cropi.models.loading import load_causal_lm
+
+    folder = tmp_path / "ckpt"
+    model = tiny_model(1)
+    model.save_pretrained(folder)
+    (folder / "pytorch_model.bin").write_bytes(b"not a pickle at all")
+    got = load_causal_lm(folder)
+    for (n, p), (_, q) in zip(model.named_parameters(), got.named_parameters()):
+        assert torch.equal(p, q), n

@@ -38,6 +38,7 @@ def test_validation_vector_samples_ok_prompts_with_seed():
     v2, used2 = validation_vector(ids, vecs, status, max_prompts=100, seed=3)
     _, used3 = validation_vector(ids, vecs, status, max_prompts=100, seed=4)
     assert used1 == used2 and used1 != used3 and len(used1) == 100
+    assert len(set(used1)) == 100 and len(set(used3)) == 100  # a sample without replacement
     assert not set(used1) & set(ids[:10])
     rows = [ids.index(p) for p in used1]
     np.testing.assert_allclose(v1, vecs[rows].mean(axis=0), rtol=1e-5, atol=1e-6)
@@ -86,6 +87,25 @@ def test_selection_never_picks_non_ok_and_is_deterministic():
     for bad in (dict(top_fraction=0), dict(top_fraction=1.5), dict(top_k=0), {}):
         with pytest.raises(InvalidInputError):
             select_top(ids, fused, status, **bad)
+
+
+@pytest.mark.parametrize("n, fraction, want", [(25, 0.1, 3), (21, 0.1, 3), (20, 0.1, 2), (9, 0.5, 5), (3, 0.01, 1)])
+def test_top_fraction_rounds_up(n, fraction, want):
+    ids = [f"p{i:02d}" for i in range(n)]
+    picked = select_top(ids, np.linspace(1, 0, n), ["ok"] * n, top_fraction=fraction)
+    assert picked == ids[:want]
+    r = Ranking.from_table(rank_pool(ids, _pool(n)[1], ["ok"] * n, {"v": _pool(5, seed=9)}).to_table())
+    assert len(r.select(top_fraction=fraction)) == want
+
+
+def test_validation_sample_is_without_replacement_at_every_size():
+    for n, cap in ((101, 100), (150, 100), (12, 10), (3, 2)):
+        ids, vecs, status = _pool(n, seed=n)
+        for seed in range(5):
+            mean, used = validation_vector(ids, vecs, status, max_prompts=cap, seed=seed)
+            assert len(used) == cap == len(set(used))
+            rows = [ids.index(p) for p in used]
+            np.testing.assert_allclose(mean, vecs[rows].astype(np.float64).mean(axis=0), rtol=1e-5, atol=1e-6)
 
 
 def test_rank_pool_roundtrips_through_arrow():

@@ -306,7 +306,7 @@ def test_writer_only_removes_its_own_orphans(tmp_path):
 
 # ---------------------------------------------------------------- integrity
 
-def test_checksum_corruption_is_detected(tmp_path, monkeypatch):
+def test_checksum_corruption_is_detected(tmp_path):
     split = open_split(tmp_path)
     write_grads(split, "w0", [f"p{i}" for i in range(6)], rows_per_shard=3)
     split.read()
@@ -314,7 +314,6 @@ def test_checksum_corruption_is_detected(tmp_path, monkeypatch):
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
-    monkeypatch.setattr(shard_io, "_verified", {})  # as in a fresh process
     with pytest.raises(CorruptDataError, match=f"{victim.name}.*checksum.*Remove its entry"):
         split.read()
     victim.write_bytes(bytes(data[:-10]))
@@ -325,21 +324,128 @@ def test_checksum_corruption_is_detected(tmp_path, monkeypatch):
         split.read()
 
 
-def test_verified_checksums_are_cached_until_the_file_changes(tmp_path, monkeypatch):
+def test_same_size_same_mtime_corruption_after_a_verified_read_is_caught(tmp_path):
+    split = open_split(tmp_path)
+    write_grads(split, "w0", [f"p{i}" for i in range(6)], rows_per_shard=3)
+    before = split.read()
+    victim = shard_files(split)[0]
+    stat = victim.stat()
+    data = bytearray(victim.read_bytes())
+    offset = data.find(np.asarray(before.vectors[0], dtype=np.float32).tobytes())
+    assert offset > 0
+    data[offset] ^= 0x01  # one bit of the first vector: still a well-formed Arrow file
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # size and mtime as verified before
+    assert victim.stat().st_size == stat.st_size and victim.stat().st_mtime_ns == stat.st_mtime_ns
+    with pytest.raises(CorruptDataError, match=f"{victim.name}.*checksum"):
+        split.read()
+
+
+def test_every_read_hashes_the_bytes_it_parses(tmp_path, monkeypatch):
     split = open_split(tmp_path)
     write_grads(split, "w0", [f"p{i}" for i in range(6)], rows_per_shard=2)
-    monkeypatch.setattr(shard_io, "_verified", {})
     hashed = []
-    real = shard_io.sha256_file
-    monkeypatch.setattr(shard_io, "sha256_file", lambda fs, p: hashed.append(p) or real(fs, p))
+    real = shard_io.read_verified
+    monkeypatch.setattr(shard_io, "read_verified", lambda *a: hashed.append(a[3]["file"]) or real(*a))
     split.read()
     split.read()
-    split.read(verify=False)
-    assert len(hashed) == 3
+    split.committed_prompt_ids()
+    assert len(hashed) == 9  # 3 shards x 3 reads, none skipped as "verified before"
+
+
+def test_a_table_already_read_does_not_change_with_the_file(tmp_path):
+    split = open_split(tmp_path)
+    write_grads(split, "w0", [f"p{i}" for i in range(4)], rows_per_shard=4)
+    t = split.read()
+    kept = t.vectors.copy()
     victim = shard_files(split)[0]
-    victim.write_bytes(victim.read_bytes() + b"x")  # changes size and mtime
-    with pytest.raises(CorruptDataError):
-        split.read()
+    victim.write_bytes(bytes(len(victim.read_bytes())))  # zeroed in place, same size
+    np.testing.assert_array_equal(t.vectors, kept)
+
+
+_READ_TWICE = """
+import sys, numpy as np
+from pathlib import Path
+from cropi.errors import CorruptDataError
+from cropi.store import GradientStore
+split = GradientStore(sys.argv[1]).open_split(*sys.argv[2:5])
+held = split.read()  # held like the service's cache holds it
+victim = sorted(Path(split.dataset.path, "shards").glob("*.arrow"))[0]
+with open(victim, "r+b") as f:
+    f.truncate(100)  # the vectors' pages now lie past the end of the file
+print("sum", float(np.asarray(held.vectors, dtype=np.float64).sum()), flush=True)
+try:
+    split.read()
+except CorruptDataError as e:
+    print("refused:", e)
+"""
+
+
+def test_truncating_a_shard_after_a_read_gives_an_error_not_sigbus(tmp_path):
+    split = open_split(tmp_path, dim=512, spec=SPEC | {"dim": 512})
+    write_grads(split, "w0", [f"p{i}" for i in range(32)], rows_per_shard=32)
+    expected = float(np.asarray(split.read().vectors, dtype=np.float64).sum())
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", _READ_TWICE, str(tmp_path), CKPT.name, split.spec["spec_id"],
+                           "pool"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, f"reader died with {proc.returncode}: {proc.stderr[-2000:]}"
+    assert f"sum {expected}" in proc.stdout  # the table read before the truncation is intact
+    assert "refused:" in proc.stdout and "w0-000000.arrow has" in proc.stdout and "bytes, committed" in proc.stdout
+
+
+def test_key_range_reads_include_shards_whose_range_ends_exactly_at_a_wanted_key(tmp_path):
+    split = open_split(tmp_path)
+    write_grads(split, "w0", [f"p{i}" for i in range(9)], rows_per_shard=3)  # p0-p2, p3-p5, p6-p8
+    ranges = [(e["first_key"], e["last_key"]) for e in split.dataset.commits()["w0"]]
+    assert ranges == [("p0", "p2"), ("p3", "p5"), ("p6", "p8")]
+    for wanted in ({"p2", "p6"}, {"p2"}, {"p6"}, {"p0", "p8"}, {"p5", "p3"}):
+        got = [k for t in split.dataset.iter_shards(keys=wanted) for k in t.column("prompt_id").to_pylist()]
+        assert sorted(got) == sorted(wanted)
+    store = TrajectoryStore.create_or_open(str(tmp_path / "t"), TRAJ_IDENTITY)
+    with store.writer("w0", prompts_per_shard=2) as w:
+        for p in ["t0", "t1", "t2", "t3"]:
+            w.commit_prompt_rows(traj_rows(p))
+    assert [t.prompt_id for t in store.iter_prompts(["t1", "t2"])] == ["t1", "t2"]
+
+
+def _edit_commit(dataset, writer_id: str, index: int, **fields) -> None:
+    path = Path(dataset.path, "commits", f"{writer_id}.json")
+    doc = json.loads(path.read_text())
+    doc["shards"][index].update(fields)
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"first_key": "t9", "last_key": "t9z"}, "records keys 't9'..'t9z' for shard w0-000001.parquet"),
+    ({"last_key": "t2"}, "records keys 't2'..'t2'"),
+    ({"first_key": "t5", "last_key": "t1"}, "not a valid commit file.*key range"),
+    ({"rows": "3"}, "not a valid commit file.*rows"),
+    ({"file": "../../x-000001.parquet"}, "not a valid commit file.*file"),
+    ({"sha256": "00"}, "not a valid commit file.*sha256"),
+])
+def test_a_commit_file_whose_entry_was_edited_is_refused(tmp_path, fields, match):
+    store = TrajectoryStore.create_or_open(str(tmp_path), TRAJ_IDENTITY)
+    with store.writer("w0", prompts_per_shard=2) as w:
+        for p in ["t0", "t1", "t2", "t3"]:
+            w.commit_prompt_rows(traj_rows(p))
+    _edit_commit(store.dataset, "w0", 1, **fields)
+    with pytest.raises(CorruptDataError, match=match):
+        store.committed_prompt_ids()  # what a gradients run asks first
+    with pytest.raises(CorruptDataError, match=match):
+        list(store.iter_prompts(["t2", "t3"]))
+
+
+def test_prompts_skipped_by_an_edited_key_range_are_not_silently_dropped(tmp_path, monkeypatch):
+    store = TrajectoryStore.create_or_open(str(tmp_path), TRAJ_IDENTITY)
+    with store.writer("w0", prompts_per_shard=2) as w:
+        for p in ["t0", "t1", "t2", "t3"]:
+            w.commit_prompt_rows(traj_rows(p))
+    committed = store.committed_prompt_ids()
+    _edit_commit(store.dataset, "w0", 1, first_key="t9", last_key="t9z")  # edited after the keys were listed
+    monkeypatch.setattr(store, "committed_prompt_ids", lambda: committed)
+    with pytest.raises(CorruptDataError, match="lie in no shard whose recorded key range holds them"):
+        list(store.iter_prompts(["t1", "t2"]))
 
 
 def test_identity_mismatch_is_refused_and_data_left_intact(tmp_path):
@@ -446,21 +552,17 @@ def _mapped_ranges(path: str) -> list[tuple[int, int]]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
-def test_local_ipc_read_is_memory_mapped_zero_copy(tmp_path):
+def test_local_ipc_read_is_owned_memory_not_a_file_mapping(tmp_path):
     split = open_split(tmp_path, dim=512, spec=SPEC | {"dim": 512})
     write_grads(split, "w0", [f"p{i}" for i in range(200)], rows_per_shard=1000)
     path = str(shard_files(split)[0].resolve())
-    allocated = pa.total_allocated_bytes()
     t = split.read()
-    nbytes = t.vectors.nbytes
-    assert nbytes == 200 * 512 * 4
-    assert pa.total_allocated_bytes() - allocated < nbytes / 10  # vectors came from no Arrow allocation
-    lo, hi = min(_mapped_ranges(path)), max(_mapped_ranges(path))
-    assert lo[0] <= t.vectors.ctypes.data and t.vectors.ctypes.data + nbytes <= hi[1]
-    assert not t.vectors.flags.writeable  # a read-only view of the file
+    assert t.vectors.nbytes == 200 * 512 * 4
+    assert _mapped_ranges(path) == []  # nothing of the shard file is mapped into this process
+    assert not t.vectors.flags.writeable
     chunk = split.dataset.read().column("vector").chunk(0)
     view = vectors_from_arrow(pa.chunked_array([chunk]), 512, "float32")
-    assert view.ctypes.data == chunk.values.buffers()[1].address  # the numpy view is the Arrow buffer
+    assert view.ctypes.data == chunk.values.buffers()[1].address  # no second copy after the read
 
 
 def test_non_local_filesystem_path(tmp_path):
@@ -578,6 +680,134 @@ def test_manifest_is_readable_json(tmp_path):
     assert manifest["identity"]["checkpoint"] == CKPT.model_dump()
     assert manifest["columns"]["vector"] == f"fixed_size_list<item: float>[{DIM}]"
     assert manifest["identity"]["dim"] == DIM and manifest["format"] == "ipc" and manifest["key"] == "prompt_id"
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda m: m["identity"].update(dim=DIM // 2), f"identity dim is {DIM // 2}, but its vector column holds {DIM}"),
+    (lambda m: m["identity"].update(dtype="float16"), "identity dtype is 'float16', but its vector column holds float"),
+    (lambda m: m["columns"].update(vector="fixed_size_list<item: float>[2]"), "columns .* do not match its schema"),
+    (lambda m: m["identity"]["checkpoint"].update(fingerprint="other"), "its content does not match its recorded content_sha256"),
+])
+def test_an_edited_manifest_is_refused_naming_it(tmp_path, edit, match):
+    split = open_split(tmp_path)
+    write_grads(split, "w0", ["p0", "p1"])
+    path = Path(split.dataset.path, "manifest.json")
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(CorruptDataError, match=f"{path} was edited after it was written: {match}"):
+        GradientStore(str(tmp_path)).open_split(CKPT.name, SPEC["spec_id"], "pool").read()
+    with pytest.raises(CorruptDataError, match="was edited"):
+        open_split(tmp_path)  # reopening for writing is refused too
+
+
+def test_a_manifest_from_before_content_checksums_still_opens(tmp_path):
+    split = open_split(tmp_path)
+    write_grads(split, "w0", ["p0", "p1"])
+    path = Path(split.dataset.path, "manifest.json")
+    manifest = json.loads(path.read_text())
+    del manifest["content_sha256"]
+    path.write_text(json.dumps(manifest))
+    assert GradientStore(str(tmp_path)).open_split(CKPT.name, SPEC["spec_id"], "pool").read().prompt_ids == ["p0", "p1"]
+
+
+# ---------------------------------------------------------------- rankings
+
+def _ranking_table(n: int = 40) -> tuple[pa.Table, dict]:
+    rng = np.random.default_rng(3)
+    table = pa.table({"prompt_id": [f"q{i:03d}" for i in range(n)], "status": ["ok"] * n,
+                      "rank": pa.array(rng.permutation(n) + 1, pa.int64()), "fused": rng.random(n),
+                      "score:val": rng.standard_normal(n), "selected": [bool(i % 3 == 0) for i in range(n)]})
+    return table, {"checkpoint": "c", "spec_id": "s", "pool": "pool", "validation": ["val"], "fusion": "rrf"}
+
+
+def test_ranking_roundtrip_and_nothing_left_behind(tmp_path):
+    from cropi.store import rankings
+    table, meta = _ranking_table()
+    rankings.save(str(tmp_path), "c", "s", "pool", table, meta)
+    got, got_meta = rankings.load(str(tmp_path), "c", pool="pool", spec_id="s")
+    assert got.equals(table) and got_meta == meta
+    folder = tmp_path / "rankings" / "c" / "s"
+    assert sorted(p.name for p in folder.iterdir()) == ["pool.parquet", "pool.parquet.sha256.json"]
+    assert len(json.loads((folder / "pool.parquet.sha256.json").read_text())["accept"]) == 1
+    table2 = table.set_column(3, "fused", pa.array(np.zeros(table.num_rows)))
+    rankings.save(str(tmp_path), "c", "s", "pool", table2, meta)
+    assert rankings.load(str(tmp_path), "c")[0].equals(table2)
+
+
+def test_every_bit_flip_of_a_ranking_is_refused(tmp_path):
+    from cropi.store import rankings
+    table, meta = _ranking_table()
+    rankings.save(str(tmp_path), "c", "s", "pool", table, meta)
+    path = tmp_path / "rankings" / "c" / "s" / "pool.parquet"
+    good = path.read_bytes()
+    rng = np.random.default_rng(0)
+    positions = sorted(set(rng.choice(len(good), size=48, replace=False).tolist()) | {0, 4, len(good) - 5,
+                                                                                       len(good) - 1})
+    outcomes = {"refused": 0, "identical": 0}
+    for pos in positions:
+        for bit in range(8):
+            bad = bytearray(good)
+            bad[pos] ^= 1 << bit
+            path.write_bytes(bytes(bad))
+            try:
+                got, got_meta = rankings.load(str(tmp_path), "c")
+            except CorruptDataError as e:
+                assert str(path) in str(e) and "rerun `cropi rank`" in str(e)
+                outcomes["refused"] += 1
+            else:  # the only acceptable load is one with identical contents
+                assert got.equals(table) and got_meta == meta, f"bit {bit} of byte {pos} changed the ranking"
+                outcomes["identical"] += 1
+    assert sum(outcomes.values()) == 8 * len(positions)
+    for cut in (0, 1, len(good) // 2, len(good) - 1):
+        path.write_bytes(good[:cut])
+        with pytest.raises(CorruptDataError, match=f"{path}.*bytes"):
+            rankings.load(str(tmp_path), "c")
+    path.write_bytes(good)
+    assert rankings.load(str(tmp_path), "c")[0].equals(table)
+
+
+def test_a_damaged_or_missing_ranking_checksum_file_is_refused(tmp_path):
+    from cropi.store import rankings
+    table, meta = _ranking_table()
+    rankings.save(str(tmp_path), "c", "s", "pool", table, meta)
+    sums = tmp_path / "rankings" / "c" / "s" / "pool.parquet.sha256.json"
+    doc = json.loads(sums.read_text())
+    doc["accept"][0]["sha256"] = "0" * 64
+    sums.write_text(json.dumps(doc))
+    with pytest.raises(CorruptDataError, match="pool.parquet fails its checksum"):
+        rankings.load(str(tmp_path), "c")
+    sums.write_text("{not json")
+    with pytest.raises(CorruptDataError, match="sha256.json"):
+        rankings.load(str(tmp_path), "c")
+    sums.unlink()
+    with pytest.raises(CorruptDataError, match="has no checksum file"):
+        rankings.load(str(tmp_path), "c")
+
+
+@pytest.mark.parametrize("crash_at", [1, 2])
+def test_a_ranking_rewrite_killed_midway_still_loads_old_or_new(tmp_path, monkeypatch, crash_at):
+    from cropi.store import rankings
+    old, meta = _ranking_table()
+    rankings.save(str(tmp_path), "c", "s", "pool", old, meta)
+    new = old.set_column(3, "fused", pa.array(np.zeros(old.num_rows)))
+    steps = []
+    real_json, real_bytes = rankings.write_json_atomic, rankings.atomic_write_bytes
+
+    def step(real):
+        def run(*args):
+            if len(steps) == crash_at:
+                raise KeyboardInterrupt("killed")
+            steps.append(real.__name__)
+            return real(*args)
+        return run
+
+    monkeypatch.setattr(rankings, "write_json_atomic", step(real_json))
+    monkeypatch.setattr(rankings, "atomic_write_bytes", step(real_bytes))
+    with pytest.raises(KeyboardInterrupt):
+        rankings.save(str(tmp_path), "c", "s", "pool", new, meta)
+    got = rankings.load(str(tmp_path), "c")[0]
+    assert got.equals(old if crash_at == 1 else new)
 
 
 # ---------------------------------------------------------------- the child process of the SIGKILL test

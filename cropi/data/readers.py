@@ -28,6 +28,8 @@ from cropi.errors import InvalidInputError
 from cropi.utils.fsio import resolve
 
 SHOWN = 10  # bad rows spelled out in an error; the rest are counted
+MAX_DEPTH = 32  # nesting of lists/objects in one row; a prompt row needs a handful
+_TOO_DEEP = object()
 # extra_info keys that write_verl_parquet sets itself; stripped on load so records round-trip
 VERL_RESERVED = ("split", "index", "prompt_id")
 EXTENSIONS = {".jsonl": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
@@ -129,6 +131,12 @@ def _read_jsonl(fs, p: str, path: str) -> tuple[Rows, list[RowProblem]]:
         except json.JSONDecodeError as e:
             problems.append(RowProblem(n, f"line {n}", None, f"not valid JSON ({e.msg} at column {e.colno})"))
             continue
+        except RecursionError:  # the decoder recursed past Python's limit: far deeper than any prompt row
+            obj = _TOO_DEEP
+        if obj is _TOO_DEEP or too_deep(obj):
+            problems.append(RowProblem(n, f"line {n}", None, f"nested more than {MAX_DEPTH} lists/objects deep; "
+                                       "a prompt row is an object of strings and shallow extra_info"))
+            continue
         if not isinstance(obj, dict):
             problems.append(RowProblem(n, f"line {n}", None, f"expected a JSON object, got {type(obj).__name__}"))
             continue
@@ -142,7 +150,26 @@ def _read_parquet(fs, p: str, path: str) -> tuple[Rows, list[RowProblem]]:
             table = pq.read_table(f)
     except (pa.ArrowException, OSError) as e:
         raise PromptFileError(f"{path} is not a readable Parquet file ({e}); rewrite it or give JSONL") from e
-    return [(i, f"row {i}", row) for i, row in enumerate(table.to_pylist())], []
+    rows, problems = [], []
+    for i, row in enumerate(table.to_pylist()):
+        if too_deep(row):
+            problems.append(RowProblem(i, f"row {i}", None, f"nested more than {MAX_DEPTH} lists/structs deep"))
+        else:
+            rows.append((i, f"row {i}", row))
+    return rows, problems
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether lists/dicts in ``value`` nest deeper than ``limit`` (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list, tuple)):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list, tuple)))
+    return False
 
 
 def _is_verl(path: str, rows: Iterable[dict]) -> bool:

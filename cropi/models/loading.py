@@ -1,12 +1,14 @@
 """Load a local checkpoint and its tokenizer the one way cropi uses them.
 
-Always ``trust_remote_code=False`` (a checkpoint folder is data, never code) and
-eager attention (per-example gradients through ``torch.func`` fail with sdpa
+Always ``trust_remote_code=False`` and safetensors weights only (a checkpoint folder
+is data, never code: pickle weights such as ``pytorch_model.bin`` can run code when
+loaded, so they are refused, never loaded), and eager attention (per-example gradients through ``torch.func`` fail with sdpa
 when an attention mask is passed).
 """
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -14,6 +16,7 @@ import torch
 from cropi.errors import InvalidInputError, NotFoundError
 
 TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -45,14 +48,31 @@ def load_causal_lm(path: str | Path, *, device: str | torch.device = "cpu",
     from transformers import AutoModelForCausalLM
 
     folder = model_dir(path)
+    _check_safetensors(folder)
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=_dtype(dtype),
                                                      attn_implementation=attn_implementation,
-                                                     trust_remote_code=False, local_files_only=True)
-    except (OSError, ValueError) as e:
+                                                     trust_remote_code=False, local_files_only=True,
+                                                     use_safetensors=True)
+    except (OSError, ValueError, pickle.UnpicklingError) as e:
         raise ModelLoadError(f"cannot load a causal LM from {folder}: {e}. Expected config.json with a "
                              "model type transformers knows and *.safetensors weights") from e
     return model.to(device).eval()
+
+
+def _check_safetensors(folder: Path) -> None:
+    """Refuse a folder whose weights are not in safetensors files, naming what it holds instead."""
+    if any(folder.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for pattern in PICKLE_WEIGHTS for p in folder.glob(pattern))
+    if pickled:
+        raise ModelLoadError(
+            f"{folder} holds its weights only as pickle files ({', '.join(pickled[:5])}), which cropi never "
+            "loads (unpickling can run code). Convert the checkpoint to safetensors where you trust its origin, "
+            "e.g. AutoModelForCausalLM.from_pretrained(folder).save_pretrained(new_folder, "
+            "safe_serialization=True), and pass new_folder")
+    raise ModelLoadError(f"{folder} has no weights: expected model.safetensors (or sharded *.safetensors "
+                         "with model.safetensors.index.json) beside config.json")
 
 
 def load_tokenizer(path: str | Path):

@@ -17,6 +17,7 @@ from pyarrow.fs import FileSelector, FileType
 from cropi.errors import InvalidInputError, NotFoundError
 from cropi.scoring import Ranking, rank_pool
 from cropi.store import GradientStore
+from cropi.store import rankings
 from cropi.utils.fsio import atomic_write_bytes, resolve
 
 META_KEY = b"cropi.ranking"
@@ -80,28 +81,10 @@ def ranking_path(store: str, name: str, spec_id: str, pool: str) -> tuple:
 
 
 def _save(store, name, spec_id, pool, table: pa.Table, meta: dict) -> None:
-    table = table.replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink)
-    fs, path = ranking_path(store, name, spec_id, pool)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    atomic_write_bytes(fs, path, sink.getvalue().to_pybytes())
+    rankings.save(store, name, spec_id, pool, table, meta)
 
 
 def load_ranking(store: str, name: str, *, pool: str | None = None, spec_id: str | None = None) -> RankingResult:
-    """The stored ranking of a checkpoint (its only pool and spec unless named)."""
-    fs, base = resolve(store)
-    root = f"{base}/rankings/{name}"
-    files = [f.path for f in fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=True))
-             if f.type == FileType.File and f.path.endswith(".parquet")]
-    files = [f for f in files if (spec_id is None or f"/{spec_id}/" in f) and (pool is None or f.endswith(f"/{pool}.parquet"))]
-    if not files:
-        raise NotFoundError(f"no stored ranking for checkpoint {name!r}" + (f", pool {pool!r}" if pool else "")
-                            + ": run `cropi rank` (or wait for the scoring job) first")
-    if len(files) > 1:
-        raise InvalidInputError(f"several rankings for {name!r}: {files}; name the pool and spec")
-    with fs.open_input_file(files[0]) as f:
-        table = pq.read_table(f)
-    meta = json.loads(table.schema.metadata[META_KEY])
-    table = table.replace_schema_metadata(None)
+    """The stored ranking of a checkpoint (its only pool and spec unless named), checksum verified."""
+    table, meta = rankings.load(store, name, pool=pool, spec_id=spec_id)
     return RankingResult(Ranking.from_table(table.drop_columns(["selected"]), meta), table, meta)

@@ -18,8 +18,9 @@ META_COLUMNS = ("raw_norm", "n_responses", "reward_mean", "reward_std", "n_token
 
 
 def vectors_from_arrow(column: pa.ChunkedArray, dim: int, dtype: str) -> np.ndarray:
-    """An (n, dim) array over a fixed_size_list column: a view of the Arrow buffer
-    when the column is one chunk (read-only if memory-mapped), else one copy."""
+    """An (n, dim) array over a fixed_size_list column: a read-only view of the Arrow
+    buffer (memory the reader owns, never a file mapping) when the column is one
+    chunk, else one copy."""
     if column.num_chunks == 0 or len(column) == 0:
         return np.empty((0, dim), dtype=dtype)
     arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()

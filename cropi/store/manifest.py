@@ -3,10 +3,16 @@
 The identity says what the data *is* (which checkpoint, which projection spec,
 which sampling settings...). Reopening a directory with another identity is
 refused, field by field, so results from different settings never mix.
+
+A manifest records the sha256 of its own content (``content_sha256``), and its
+fields are checked against each other (columns against the schema, a vector
+``dim``/``dtype`` against the vector column), so one edited by hand is refused
+with an error naming it, rather than failing later with an unexplained one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -33,8 +39,19 @@ def normalize(identity: dict) -> dict:
 
 
 def make_manifest(identity: dict, fmt: str, key: str, schema: pa.Schema) -> dict:
-    return {"version": MANIFEST_VERSION, "identity": normalize(identity), "format": fmt, "key": key,
-            "schema": encode_schema(schema), "columns": {f.name: str(f.type) for f in schema}}
+    manifest = {"version": MANIFEST_VERSION, "identity": normalize(identity), "format": fmt, "key": key,
+                "schema": encode_schema(schema), "columns": _columns(schema)}
+    return manifest | {"content_sha256": content_sha256(manifest)}
+
+
+def content_sha256(manifest: dict) -> str:
+    """sha256 of a manifest's content, its own ``content_sha256`` field left out."""
+    body = {k: v for k, v in manifest.items() if k != "content_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _columns(schema: pa.Schema) -> dict[str, str]:
+    return {f.name: str(f.type) for f in schema}
 
 
 def diff_fields(stored: Any, given: Any, prefix: str = "") -> list[str]:
@@ -85,12 +102,36 @@ def read_manifest(fs: pafs.FileSystem, base: str) -> dict:
     if not file_exists(fs, path):
         raise NotFoundError(f"no dataset at {base} (no {MANIFEST}); create it first or check the path")
     manifest = read_json(fs, path)
-    if not isinstance(manifest, dict) or not {"identity", "format", "key", "schema"} <= set(manifest):
+    if (not isinstance(manifest, dict) or not {"identity", "format", "key", "schema"} <= set(manifest)
+            or not isinstance(manifest["schema"], str)):
         raise CorruptDataError(f"{path} is not a cropi manifest; restore it or delete {base} and recompute")
     if manifest.get("version") != MANIFEST_VERSION:
         raise MismatchError(f"{path} has manifest version {manifest.get('version')}, this cropi reads "
                             f"{MANIFEST_VERSION}; use a matching cropi or recompute the dataset")
+    problem = _inconsistency(manifest, decode_schema(manifest["schema"], path))
+    if problem is None and "content_sha256" in manifest and manifest["content_sha256"] != content_sha256(manifest):
+        problem = "its content does not match its recorded content_sha256"
+    if problem:  # manifests written before content_sha256 existed get the field checks only
+        raise CorruptDataError(f"{path} was edited after it was written: {problem}. Restore it from a backup "
+                               f"(it must describe the stored shards), or delete {base} and recompute it")
     return manifest
+
+
+def _inconsistency(manifest: dict, schema: pa.Schema) -> str | None:
+    """The first way a manifest's fields disagree with each other, or None."""
+    if "columns" in manifest and manifest["columns"] != _columns(schema):
+        return f"columns {_short(manifest['columns'])} do not match its schema {_short(_columns(schema))}"
+    identity = manifest["identity"] if isinstance(manifest["identity"], dict) else {}
+    index = schema.get_field_index("vector")
+    vector = schema.field(index).type if index >= 0 else None
+    if vector is None or not pa.types.is_fixed_size_list(vector):
+        return None
+    if "dim" in identity and identity["dim"] != vector.list_size:
+        return f"identity dim is {identity['dim']!r}, but its vector column holds {vector.list_size} values a row"
+    if "dtype" in identity and str(identity["dtype"]) != {"halffloat": "float16", "float": "float32"}.get(
+            str(vector.value_type), str(vector.value_type)):
+        return f"identity dtype is {identity['dtype']!r}, but its vector column holds {vector.value_type}"
+    return None
 
 
 def manifest_schema(manifest: dict, base: str) -> pa.Schema:

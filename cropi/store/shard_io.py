@@ -1,25 +1,29 @@
 """Shard files and commit files of a sharded dataset: write, list, verify, load.
 
-Verified checksums are remembered per process, keyed by (path, size, mtime), so
-reading a dataset again does not hash its shards again.
+A shard is read whole into memory this process owns, and those very bytes are
+checked against the size and sha256 its commit recorded before they are parsed.
+Nothing is memory-mapped: a file edited or truncated in place after a read can
+neither change a table already handed out nor crash the reader (SIGBUS), and
+every read that loads bytes from disk verifies them (no "verified before" cache
+that a same-size, same-mtime edit could slip past).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
-import threading
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from cropi.errors import CorruptDataError
-from cropi.utils.fsio import (TMP_MARK, atomic_write_bytes, is_local, read_json, sha256_bytes,
-                              sha256_file, write_json_atomic)
+from cropi.utils.fsio import TMP_MARK, atomic_write_bytes, read_json, sha256_bytes, write_json_atomic
 
 EXTENSIONS = {"ipc": "arrow", "parquet": "parquet"}
-_verified: dict[tuple, str] = {}
-_verified_lock = threading.Lock()
+_ENTRY_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-\d{6,}\.(arrow|parquet)$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def commit_path(base: str, writer_id: str) -> str:
@@ -47,11 +51,33 @@ def read_commit(fs: pafs.FileSystem, base: str, writer_id: str) -> list[dict]:
         return []
     doc = read_json(fs, path)
     entries = doc.get("shards") if isinstance(doc, dict) else None
-    need = {"file", "rows", "bytes", "sha256", "first_key", "last_key"}
-    if not isinstance(entries, list) or not all(isinstance(e, dict) and need <= set(e) for e in entries):
-        raise CorruptDataError(f"{path} is not a valid commit file; restore it, or delete it and the "
-                               f"shards/{writer_id}-* files and rerun writer {writer_id}")
+    problem = "has no shard list" if not isinstance(entries, list) else next(
+        (f"shard entry {i}: {p}" for i, e in enumerate(entries) if (p := entry_problem(e, writer_id))), None)
+    if problem:
+        raise CorruptDataError(f"{path} is not a valid commit file ({problem}); restore it, or delete it and "
+                               f"the shards/{writer_id}-* files and rerun writer {writer_id}")
     return entries
+
+
+def entry_problem(entry, writer_id: str) -> str | None:
+    """What is wrong with one commit entry's fields, or None (the shard itself is checked on load)."""
+    if not isinstance(entry, dict):
+        return "not an object"
+    missing = {"file", "rows", "bytes", "sha256", "first_key", "last_key"} - set(entry)
+    if missing:
+        return f"missing {sorted(missing)}"
+    file, first, last = entry["file"], entry["first_key"], entry["last_key"]
+    if not isinstance(file, str) or not _ENTRY_FILE.match(file) or not file.startswith(f"{writer_id}-"):
+        return f"file {file!r} is not one of writer {writer_id}'s shard names"
+    for name in ("rows", "bytes"):
+        n = entry[name]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            return f"{name} {n!r} is not a positive integer"
+    if not isinstance(entry["sha256"], str) or not _SHA256.match(entry["sha256"]):
+        return f"sha256 {entry['sha256']!r} is not a hex sha256"
+    if not isinstance(first, str) or not isinstance(last, str) or first > last:
+        return f"key range {first!r}..{last!r} is not an ordered pair of strings"
+    return None
 
 
 def write_commit(fs: pafs.FileSystem, base: str, writer_id: str, entries: list[dict]) -> None:
@@ -104,45 +130,50 @@ def _corrupt(base: str, writer_id: str, entry: dict, why: str) -> CorruptDataErr
                             f"opens) and rerun writer {writer_id} to recompute those rows")
 
 
-def verify_shard(fs: pafs.FileSystem, base: str, writer_id: str, entry: dict) -> None:
-    """Check size and sha256 of a committed shard (hash skipped if verified before, unchanged)."""
-    path = shard_path(base, entry["file"])
-    info = fs.get_file_info(path)
-    if info.type != pafs.FileType.File:
-        raise _corrupt(base, writer_id, entry, "is missing")
-    if info.size != entry["bytes"]:
-        raise _corrupt(base, writer_id, entry, f"has {info.size} bytes, committed {entry['bytes']}")
-    stamp = (fs.type_name, path, info.size, info.mtime_ns)
-    with _verified_lock:
-        if _verified.get(stamp) == entry["sha256"]:
-            return
-    got = sha256_file(fs, path)
-    if got != entry["sha256"]:
-        raise _corrupt(base, writer_id, entry, f"fails its checksum (sha256 {got[:12]}..., committed "
-                                               f"{entry['sha256'][:12]}...)")
-    with _verified_lock:
-        _verified[stamp] = got
+def read_verified(fs: pafs.FileSystem, base: str, writer_id: str, entry: dict) -> pa.Buffer:
+    """The bytes of a committed shard, read once into owned memory and checked against its commit entry.
 
-
-def load_shard(fs: pafs.FileSystem, base: str, writer_id: str, entry: dict, fmt: str, verify: bool,
-               columns: list[str] | None = None) -> pa.Table:
-    """Read a committed shard: local IPC memory-mapped (zero-copy), others read in full."""
-    if verify:
-        verify_shard(fs, base, writer_id, entry)
+    The checked bytes are the parsed bytes, so a file changed between a check and
+    a read cannot slip through.
+    """
     path = shard_path(base, entry["file"])
     try:
-        if fmt == "ipc" and is_local(fs):
-            table = pa.ipc.open_file(pa.memory_map(path)).read_all()
-        elif fmt == "ipc":
-            with fs.open_input_file(path) as f:
-                table = pa.ipc.open_file(f).read_all()
-        else:
-            with fs.open_input_file(path) as f:
-                table = pq.read_table(f, columns=columns)
+        with fs.open_input_stream(path) as f:
+            data = f.read_buffer()
     except FileNotFoundError as e:
         raise _corrupt(base, writer_id, entry, "is missing") from e
-    except (pa.ArrowInvalid, OSError) as e:
+    except OSError as e:
         raise _corrupt(base, writer_id, entry, f"cannot be read ({e})") from e
+    if data.size != entry["bytes"]:
+        raise _corrupt(base, writer_id, entry, f"has {data.size} bytes, committed {entry['bytes']}")
+    got = hashlib.sha256(memoryview(data)).hexdigest()
+    if got != entry["sha256"]:
+        raise _corrupt(base, writer_id, entry, f"fails its checksum (sha256 {got[:12]}..., committed "
+                                               f"{entry['sha256'][:12]}...): it was changed after it was written")
+    return data
+
+
+def load_shard(fs: pafs.FileSystem, base: str, writer_id: str, entry: dict, fmt: str, key: str,
+               columns: list[str] | None = None) -> pa.Table:
+    """A committed shard as a table over owned, verified memory; its rows and key range checked too."""
+    data = read_verified(fs, base, writer_id, entry)
+    try:
+        if fmt == "ipc":
+            table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
+        else:
+            table = pq.read_table(pa.BufferReader(data), columns=None if columns is None else
+                                  sorted(set(columns) | {key}))
+    except (pa.ArrowInvalid, OSError) as e:
+        raise _corrupt(base, writer_id, entry, f"cannot be parsed ({e})") from e
     if table.num_rows != entry["rows"]:
         raise _corrupt(base, writer_id, entry, f"has {table.num_rows} rows, committed {entry['rows']}")
-    return table.select(columns) if columns and fmt == "ipc" else table
+    keys = table.column(key) if key in table.column_names else None
+    if keys is None or keys.null_count or not pa.types.is_string(keys.type):
+        raise _corrupt(base, writer_id, entry, f"has no string key column {key!r}")
+    lo, hi = pc.min_max(keys).values()
+    if (lo.as_py(), hi.as_py()) != (entry["first_key"], entry["last_key"]):
+        raise CorruptDataError(f"{commit_path(base, writer_id)} records keys {entry['first_key']!r}.."
+                               f"{entry['last_key']!r} for shard {entry['file']}, which holds {lo.as_py()!r}.."
+                               f"{hi.as_py()!r}: the commit file was changed. Restore it, or remove that entry "
+                               f"and rerun writer {writer_id} to recompute those rows")
+    return table.select(columns) if columns else table

@@ -10,7 +10,8 @@ Each writer rewrites only its own commit file, atomically, so workers on a
 shared filesystem never contend. A shard becomes visible when its writer's
 commit file lists it; a file no commit lists is a killed run's leftover and is
 deleted when that writer reopens. Reads go writer by writer (sorted by id), shard
-by shard, and keep the first occurrence of each key.
+by shard, and keep the first occurrence of each key. Every shard read is checked
+against its commit entry (size, sha256, rows, key range; see shard_io).
 """
 
 from __future__ import annotations
@@ -88,14 +89,15 @@ class ShardedDataset:
         out: set[str] = set()
         for w, entries in self.commits().items():
             for e in entries:
-                out.update(self._load(w, e, verify=False, columns=[self.key]).column(0).to_pylist())
+                out.update(self._load(w, e, columns=[self.key]).column(0).to_pylist())
         return out
 
     def iter_shards(self, verify: bool = True, keys: set[str] | None = None) -> Iterator[pa.Table]:
         """Committed shards in (writer_id, seq) order, each without keys seen before.
 
         With ``keys``, only rows of those keys, and shards whose key range cannot
-        hold any of them are not read at all.
+        hold any of them are not read at all. Checksums are always verified
+        (``verify`` is accepted for older callers and changes nothing).
         """
         seen: set[str] = set()
         lo, hi = (min(keys), max(keys)) if keys else (None, None)
@@ -103,7 +105,7 @@ class ShardedDataset:
             for e in entries:
                 if keys is not None and (not keys or e["last_key"] < lo or e["first_key"] > hi):
                     continue
-                table = self._load(w, e, verify)
+                table = self._load(w, e)
                 table, seen = _first_occurrences(table, self.key, seen, keys)
                 if table.num_rows:
                     yield table
@@ -113,8 +115,8 @@ class ShardedDataset:
         tables = list(self.iter_shards(verify))
         return pa.concat_tables(tables) if tables else self.schema.empty_table()
 
-    def _load(self, writer_id: str, entry: dict, verify: bool, columns: list[str] | None = None) -> pa.Table:
-        table = shard_io.load_shard(self.fs, self.path, writer_id, entry, self.fmt, verify, columns)
+    def _load(self, writer_id: str, entry: dict, columns: list[str] | None = None) -> pa.Table:
+        table = shard_io.load_shard(self.fs, self.path, writer_id, entry, self.fmt, self.key, columns)
         schema = self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns])
         try:
             return conform(table, schema)
@@ -162,7 +164,7 @@ class ShardWriter:
         if self._keys is None:
             ds = self.dataset
             self._keys = {k for e in self.entries
-                          for k in ds._load(self.writer_id, e, False, [ds.key]).column(0).to_pylist()}
+                          for k in ds._load(self.writer_id, e, [ds.key]).column(0).to_pylist()}
         return self._keys
 
     def commit(self, table: pa.Table) -> None:

@@ -90,7 +90,7 @@ class TrajectoryStore:
 
     def read_table(self, verify: bool = True) -> pa.Table:
         """Every committed row (first writer's copy of a prompt wins), checksums verified."""
-        return self.dataset.read(verify)
+        return self.dataset.read()
 
     def iter_prompts(self, prompt_ids: Iterable[str] | None = None, verify: bool = True
                      ) -> Iterator[PromptTrajectories]:
@@ -101,8 +101,18 @@ class TrajectoryStore:
             if missing:
                 raise NotFoundError(f"{len(missing)} prompts have no trajectories in {self.dataset.path}: "
                                     f"{sorted(missing)[:5]}; collect them first")
-        for table in self.dataset.iter_shards(verify, keys=wanted):
-            yield from _group(table, self.dataset.path)
+        found: set[str] = set()
+        for table in self.dataset.iter_shards(keys=wanted):
+            for traj in _group(table, self.dataset.path):
+                found.add(traj.prompt_id)
+                yield traj
+        if wanted and wanted - found:
+            # committed, yet in no shard whose recorded key range holds it: a commit file was edited
+            lost = sorted(wanted - found)
+            raise CorruptDataError(f"{len(lost)} committed prompts of {self.dataset.path} lie in no shard whose "
+                                   f"recorded key range holds them (e.g. {lost[:3]}): a commit file under "
+                                   f"{self.dataset.path}/commits was changed; restore it, or delete it with its "
+                                   "writer's shards and collect those prompts again")
 
 
 def _group(table: pa.Table, where: str) -> Iterator[PromptTrajectories]:
