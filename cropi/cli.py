@@ -33,7 +33,8 @@ def _collect_args(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
     p.add_argument("--reward", default="math_verify")
-    p.add_argument("--batch-prompts", type=int, default=32, help="prompts generated (and committed) at once")
+    p.add_argument("--batch-prompts", type=int, default=None,
+                   help="prompts generated (and committed) at once (default 256 on a GPU, 32 on CPU)")
     _shard_args(p)
 
 
