@@ -423,3 +423,33 @@ def test_vllm_collect_records_the_drift_per_shard_and_the_dtype(engine, model_pa
     assert sorted(len(d["prompts"]) for d in drift) == [1, 2, 2]  # one record a shard
     assert all(0 <= d["max_abs_diff"] < 1e-4 for d in drift)
     assert TrajectoryStore.open(str(tmp_path / "traj")).identity["logprob_dtype"] == "float32"
+
+
+@pytest.mark.gpu
+@pytest.mark.vllm
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_vllm_bfloat16_engine_stores_the_gradient_pass_logprobs(model_path, prompts):
+    from cropi.gradients import GradientComputer
+    from cropi.gradients.batching import build_micro_batch
+    from cropi.models.loading import load_causal_lm
+    from cropi.projection import ProjectionSpec, make_projector
+
+    pytest.importorskip("vllm")
+    ids, keys = prompts
+    backend = make_backend("vllm", model_path, dtype="bfloat16", max_model_len=512, gpu_memory_utilization=0.3)
+    try:
+        assert backend.teacher_force and backend.logprob_dtype == "float32"
+        out = backend.generate(ids[:4], keys[:4], VCFG)
+        assert backend.last_logprob_drift > 1e-4  # bfloat16 sampling really differs from float32
+    finally:
+        backend.close()
+    model = load_causal_lm(model_path, device="cuda")
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    computer = GradientComputer(model, make_projector(ProjectionSpec(dim=8), shapes, device="cuda"))
+    for prompt, samples in zip(ids[:4], out):
+        mb = build_micro_batch(list(prompt), [s.token_ids for s in samples], [s.logprobs for s in samples],
+                               list(range(len(samples))), computer.pad_id)
+        with torch.no_grad():
+            logp = computer._token_logprobs(mb)
+        mask = mb.response_mask.bool().to(logp.device)
+        assert float((logp[mask] - mb.behavior_logp.to(logp.device)[mask]).abs().max()) < 1e-5
