@@ -7,7 +7,7 @@ VERLENV := .venv-verl
 PIP     := $(VENV)/bin/pip
 OUT     ?= out
 
-.PHONY: demo test venv venv-verl clean
+.PHONY: demo test venv venv-verl clean gpu-checks
 
 $(VENV)/.done: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,12 @@ demo: venv
 test: venv venv-verl
 	$(VERLENV)/bin/python -m pytest -q tests/test_verl.py
 	$(VENV)/bin/python -m pytest -q --ignore=tests/test_verl.py
+
+# On a CUDA machine, with cropi[vllm] (GPU build) installed in GPU_PY: the issue-11 GPU figures
+# and the `-m gpu` tests, as JSON under benchmarks/results/gpu/ (VERL_PY adds tests/test_verl.py).
+GPU_PY ?= python
+gpu-checks:
+	PY=$(GPU_PY) bash benchmarks/gpu/run_all.sh
 
 clean:
 	rm -rf $(VENV) $(VERLENV) $(OUT)

@@ -33,7 +33,8 @@ def _collect_args(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
     p.add_argument("--reward", default="math_verify")
-    p.add_argument("--batch-prompts", type=int, default=32, help="prompts generated (and committed) at once")
+    p.add_argument("--batch-prompts", type=int, default=None,
+                   help="prompts generated (and committed) at once (default 256 on a GPU, 32 on CPU)")
     _shard_args(p)
 
 
@@ -41,7 +42,8 @@ def _shard_args(p):
     p.add_argument("--shard", default="0/1", help="I/N: this worker's share of the prompts")
     p.add_argument("--ray", metavar="ADDRESS", help="run --workers shards as Ray tasks ('local' starts Ray here)")
     p.add_argument("--workers", type=int, default=2, help="Ray workers (with --ray)")
-    p.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per Ray worker (with --ray)")
+    p.add_argument("--gpus-per-worker", type=float, default=None,
+                   help="GPUs per Ray worker (with --ray; default 1 when the cluster has GPUs, else 0)")
 
 
 def _run_job(a, fn, job):
@@ -49,7 +51,8 @@ def _run_job(a, fn, job):
     if a.ray:
         from cropi.pipeline.distribute import run_sharded
 
-        return run_sharded(fn, job, workers=a.workers, address=a.ray, gpus_per_worker=a.gpus_per_worker)
+        return run_sharded(fn, job, workers=a.workers, address=a.ray, gpus_per_worker=a.gpus_per_worker,
+                           progress=_bar(a))
     return fn(job, _bar(a))
 
 

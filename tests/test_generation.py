@@ -365,3 +365,91 @@ def test_vllm_rejects_prompts_too_long(engine, prompts):
     assert "long-prompt" in str(err.value) and "512" in str(err.value)
     with pytest.raises(InvalidInputError, match="duplicate"):
         engine.generate(prompts[0][:2], ["x", "x"], VCFG)
+
+
+# ------------------------------------- vLLM: behavior log-probs in the gradient's dtype
+
+@pytest.mark.vllm
+def test_vllm_teacher_forcing_defaults_to_the_engine_dtype(engine):
+    # The CPU engine runs in float32, the gradient's dtype: nothing to recompute.
+    assert engine.engine_dtype == "float32" and engine.teacher_force is False
+    assert engine.logprob_dtype == "float32"
+
+
+@pytest.mark.vllm
+def test_vllm_teacher_forced_logprobs_are_the_gradient_forward_pass(engine, prompts, reference, monkeypatch):
+    from cropi.gradients import GradientComputer
+    from cropi.gradients.batching import build_micro_batch
+    from cropi.projection import ProjectionSpec, make_projector
+
+    ids, keys = prompts
+    monkeypatch.setattr(engine, "teacher_force", True)
+    out = engine.generate(ids[:4], keys[:4], VCFG)
+    # The engine's float32 log-probs and the teacher-forced ones differ by float noise only.
+    assert engine.last_logprob_drift is not None and engine.last_logprob_drift < 1e-4
+    # Brute force: one unpadded sequence at a time, in float64 after the logits.
+    assert max_logprob_error(reference, ids[:4], out) < 1e-5
+    # And the gradient's own forward (left-padded micro-batches): its ratio is 1 at this model.
+    shapes = {n: tuple(p.shape) for n, p in reference.named_parameters()}
+    computer = GradientComputer(reference, make_projector(ProjectionSpec(dim=8), shapes))
+    for prompt, samples in zip(ids[:4], out):
+        responses = [s.token_ids for s in samples]
+        mb = build_micro_batch(list(prompt), responses, [s.logprobs for s in samples], list(range(len(samples))),
+                               0)
+        with torch.no_grad():
+            logp = computer._token_logprobs(mb)
+        mask = mb.response_mask.bool()
+        assert float((logp[mask] - mb.behavior_logp[mask]).abs().max()) < 1e-5
+
+
+@pytest.mark.vllm
+def test_vllm_collect_records_the_drift_per_shard_and_the_dtype(engine, model_path, tmp_path, monkeypatch):
+    import json
+
+    from cropi.data import PromptRecord
+    from cropi.data.writers import write_jsonl
+    from cropi.pipeline.collect import CollectJob, collect
+    from cropi.store import TrajectoryStore
+
+    records = [PromptRecord(prompt_id=f"p{i}", prompt=q, answer="1") for i, q in enumerate(QUESTIONS[:5])]
+    write_jsonl(records, str(tmp_path / "p.jsonl"))
+    monkeypatch.setattr(engine, "teacher_force", True)
+    monkeypatch.setattr(engine, "logprob_dtype", "float32")
+    job = CollectJob(model=str(model_path), prompts=str(tmp_path / "p.jsonl"), out=str(tmp_path / "traj"),
+                     sampling=SamplingConfig(samples=2, max_new_tokens=8, seed=1), backend="vllm",
+                     reward="exact_numeric", batch_prompts=2)
+    collect(job, backend=engine)
+    drift = [json.loads(p.read_text()) for p in sorted((tmp_path / "traj" / "logprob_drift").glob("*.json"))]
+    assert sorted(len(d["prompts"]) for d in drift) == [1, 2, 2]  # one record a shard
+    assert all(0 <= d["max_abs_diff"] < 1e-4 for d in drift)
+    assert TrajectoryStore.open(str(tmp_path / "traj")).identity["logprob_dtype"] == "float32"
+
+
+@pytest.mark.gpu
+@pytest.mark.vllm
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_vllm_bfloat16_engine_stores_the_gradient_pass_logprobs(model_path, prompts):
+    from cropi.gradients import GradientComputer
+    from cropi.gradients.batching import build_micro_batch
+    from cropi.models.loading import load_causal_lm
+    from cropi.projection import ProjectionSpec, make_projector
+
+    pytest.importorskip("vllm")
+    ids, keys = prompts
+    backend = make_backend("vllm", model_path, dtype="bfloat16", max_model_len=512, gpu_memory_utilization=0.3)
+    try:
+        assert backend.teacher_force and backend.logprob_dtype == "float32"
+        out = backend.generate(ids[:4], keys[:4], VCFG)
+        assert backend.last_logprob_drift > 1e-4  # bfloat16 sampling really differs from float32
+    finally:
+        backend.close()
+    model = load_causal_lm(model_path, device="cuda")
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    computer = GradientComputer(model, make_projector(ProjectionSpec(dim=8), shapes, device="cuda"))
+    for prompt, samples in zip(ids[:4], out):
+        mb = build_micro_batch(list(prompt), [s.token_ids for s in samples], [s.logprobs for s in samples],
+                               list(range(len(samples))), computer.pad_id)
+        with torch.no_grad():
+            logp = computer._token_logprobs(mb)
+        mask = mb.response_mask.bool().to(logp.device)
+        assert float((logp[mask] - mb.behavior_logp.to(logp.device)[mask]).abs().max()) < 1e-5

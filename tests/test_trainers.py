@@ -20,7 +20,7 @@ from cropi.trainers import (StageResult, TrainerOptionsError, TrainingFailedErro
                             make_trainer, read_marker)
 from cropi.trainers.lineage import MARKER
 from cropi.trainers.trl import TrlOptions, completion_text, make_reward_func
-from cropi.trainers.verl import (REWARD_FILE, VERL_DEFAULT_REWARD, VerlOptions, hydra_value, merge_command,
+from cropi.trainers.verl import (REWARD_FUNCTION, VERL_DEFAULT_REWARD, VerlOptions, hydra_value, merge_command,
                                  verl_command)
 
 # A dense reward (digits in the response) so a random tiny model sees reward
@@ -234,10 +234,13 @@ def test_verl_command_has_cropi_settings_key_by_key(tmp_path):
         "data.train_files": "/data/stage_2.parquet",
         "data.val_files": "/data/val.parquet",
         "data.train_batch_size": "128",
-        "data.max_prompt_length": "1024",
+        "data.filter_overlong_prompts": "true",
+        "data.max_prompt_length": "2048",
         "data.max_response_length": "2048",
         "data.seed": "3",
         "actor_rollout_ref.model.path": "/models/qwen2.5-1.5b-instruct",
+        "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+        "actor_rollout_ref.model.use_remove_padding": "false",
         "actor_rollout_ref.actor.optim.lr": "1e-06",
         "actor_rollout_ref.actor.optim.weight_decay": "0.01",
         "actor_rollout_ref.actor.optim.clip_grad": "1.0",
@@ -246,7 +249,7 @@ def test_verl_command_has_cropi_settings_key_by_key(tmp_path):
         "actor_rollout_ref.actor.use_kl_loss": "true",
         "actor_rollout_ref.actor.kl_loss_coef": "0.001",
         "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
-        "actor_rollout_ref.actor.entropy_coeff": "0.0",
+        "actor_rollout_ref.actor.entropy_coeff": "0.001",
         "actor_rollout_ref.actor.data_loader_seed": "3",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": "8",
         "actor_rollout_ref.rollout.name": "vllm",
@@ -265,10 +268,11 @@ def test_verl_command_has_cropi_settings_key_by_key(tmp_path):
         "trainer.val_before_train": "false",
         "trainer.resume_mode": "auto",
         "trainer.default_local_dir": str((tmp_path / "run" / "verl_run").resolve()),
+        "trainer.max_actor_ckpt_to_keep": "1",
         "trainer.project_name": "cropi",
         "trainer.experiment_name": "cropi-curriculum",
         "trainer.logger": "[console,file]",
-        "reward.custom_reward_function.path": str(REWARD_FILE.resolve()),
+        "reward.custom_reward_function.path": REWARD_FUNCTION,
         "reward.custom_reward_function.name": "compute_score",
         "+reward.custom_reward_function.reward_kwargs.reward_name": "math_verify",
     }
@@ -285,7 +289,7 @@ def test_verl_command_variants(tmp_path):
                        extra_overrides=["actor_rollout_ref.model.use_remove_padding=false"])
     got = _parse(verl_command(opts, model="/m", subset="/s.parquet", val_files=None, out_dir="/x/stage_0",
                               stage=0, steps=4, reward=VERL_DEFAULT_REWARD))
-    assert got["data.val_files"] == "/s.parquet"  # no validation set: the subset itself
+    assert got["data.val_files"] == "/s.parquet"  # no validation asked: the subset stands in, never scored
     assert got["actor_rollout_ref.actor.use_kl_loss"] == "false"
     assert got["trainer.total_training_steps"] == "4" and got["trainer.save_freq"] == "5"
     assert got["trainer.default_local_dir"] == str((tmp_path / "shared").resolve())
@@ -304,6 +308,7 @@ def test_verl_command_rejects_bad_steps():
     (True, "true"), (None, "null"), (3, "3"), (1e-6, "1e-06"), (["console", "file"], "[console,file]"),
     ("/plain/path-1.parquet", "/plain/path-1.parquet"), ("has space", "'has space'"), ("a,b", "'a,b'"),
     ("it's", "'it\\'s'"), ("true", "'true'"),
+    ("~/runs/a", "'~/runs/a'"), ("/data/~me/x", "'/data/~me/x'"), ("0123", "'0123'"),
 ])
 def test_hydra_value(value, text):
     assert hydra_value(value) == text
@@ -325,7 +330,9 @@ import json, os, shutil, sys
 from pathlib import Path
 
 args = sys.argv[1:]
-if args[:2] == ["-m", "verl.trainer.main_ppo"]:
+if args[:2] == ["-m", "verl.trainer.main_ppo"] and "--cfg" in args:
+    print("composed")  # the launcher's preflight
+elif args[:2] == ["-m", "verl.trainer.main_ppo"]:
     kv = dict(a.split("=", 1) for a in args[2:])
     run = Path(kv["trainer.default_local_dir"])
     run.mkdir(parents=True, exist_ok=True)
@@ -393,8 +400,10 @@ def test_verl_refuses_to_mix_runs(fake_python, base_model, subset, tmp_path):
     again = dict(subset=subset, out_dir=str(tmp_path / "s1"), steps=1, seed=0, stage=1, reward="exact_numeric")
     with pytest.raises(ConflictError, match="already holds a verl run at global step 2"):
         trainer.train_stage(model=str(base_model), **again)
-    trainer.train_stage(model=r0.checkpoint, **again)
-    with pytest.raises(MismatchError, match="from global step 2 but .* is at step 3"):
+    r1 = trainer.train_stage(model=r0.checkpoint, **again)
+    trainer.train_stage(model=r1.checkpoint, **(again | {"out_dir": str(tmp_path / "s2"), "stage": 2}))
+    # Stage 1 again, after stage 2 moved the run on: not a retry of the run's newest attempt.
+    with pytest.raises(MismatchError, match="from global step 2 but .* is at step 4"):
         trainer.train_stage(model=r0.checkpoint, **again)
 
 

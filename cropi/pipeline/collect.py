@@ -23,6 +23,9 @@ from cropi.store import TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 
 
+GPU_BATCH_PROMPTS, CPU_BATCH_PROMPTS = 256, 32
+
+
 class CollectJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -33,7 +36,8 @@ class CollectJob(BaseModel):
     backend: Literal["vllm", "hf"] = "vllm"
     reward: str = "math_verify"
     shard: tuple[int, int] = (0, 1)
-    batch_prompts: int = Field(32, gt=0, description="prompts handed to the backend at once")
+    batch_prompts: Optional[int] = Field(None, gt=0, description="prompts handed to the backend at once (and "
+                                         "committed as one shard); default 256 on a GPU, 32 on CPU")
     backend_options: dict = Field(default_factory=dict)
 
 
@@ -46,6 +50,8 @@ def collect(job: CollectJob, progress: Progress | None = None, backend=None) -> 
     everything = load_prompts(job.prompts)
     records = [r for r in everything if in_shard(r.prompt_id, shard)]
     rendered = {r.prompt_id: render_prompt(tokenizer, r.prompt) for r in records}
+    if job.batch_prompts is None:
+        job = job.model_copy(update={"batch_prompts": default_batch_prompts()})
     own = backend is None
     backend = backend or make_backend(job.backend, job.model, **job.backend_options)
     try:
@@ -56,6 +62,8 @@ def collect(job: CollectJob, progress: Progress | None = None, backend=None) -> 
                     "model": {"path": job.model, "fingerprint": model_fingerprint(job.model)},
                     "tokenizer": tokenizer_fingerprint(tokenizer), "sampling": job.sampling.model_dump(),
                     "seed": job.sampling.seed, "backend": job.backend, "reward": job.reward,
+                    # The dtype the behavior log-probs were computed in (vLLM: the teacher-forced float32).
+                    "logprob_dtype": getattr(backend, "logprob_dtype", "float32"),
                     "prompts_fingerprint": prompts_fingerprint(everything)}
         store = TrajectoryStore.create_or_open(job.out, identity)
         done = store.committed_prompt_ids()
@@ -68,6 +76,13 @@ def collect(job: CollectJob, progress: Progress | None = None, backend=None) -> 
     return {"collected": len(todo), "skipped": len(records) - len(todo), "total": len(records)}
 
 
+def default_batch_prompts() -> int:
+    """Prompts per generate call: a GPU engine batches many sequences at once, a CPU one few."""
+    import torch
+
+    return GPU_BATCH_PROMPTS if torch.cuda.is_available() else CPU_BATCH_PROMPTS
+
+
 def _run(store, backend, todo, rendered, job, reward_fn, shard, progress, start, total) -> None:
     with store.writer(writer_id(shard), prompts_per_shard=job.batch_prompts) as writer:
         for b in range(0, len(todo), job.batch_prompts):
@@ -78,7 +93,21 @@ def _run(store, backend, todo, rendered, job, reward_fn, shard, progress, start,
                 rewards = score_responses(reward_fn, [s.text for s in samples], record.answer)
                 writer.commit_prompt_rows([_row(record.prompt_id, rendered[record.prompt_id], k, s, rw)
                                            for k, (s, rw) in enumerate(zip(samples, rewards))])
+            _record_drift(job, shard, batch, backend)
             progress("collect", start + b + len(batch), total)
+
+
+def _record_drift(job, shard, batch, backend) -> None:
+    """The largest |engine - teacher-forced| log-prob of each batch (one shard), beside the store."""
+    drift = getattr(backend, "last_logprob_drift", None)
+    if drift is None:
+        return
+    from cropi.utils.fsio import resolve, write_json_atomic
+
+    fs, root = resolve(job.out)
+    path = f"{root}/logprob_drift/{writer_id(shard)}-{batch[0].prompt_id}.json"
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    write_json_atomic(fs, path, {"prompts": [r.prompt_id for r in batch], "max_abs_diff": drift})
 
 
 def _row(prompt_id, prompt_ids, k, sample, reward) -> dict:

@@ -3,13 +3,21 @@
 verl 0.9 has no curriculum hook, so a stage is a run of
 ``python -m verl.trainer.main_ppo`` with ``data.train_files`` set to the stage's
 parquet. Every stage of a curriculum uses the same ``trainer.default_local_dir``
-(the run folder) and ``resume_mode=auto``: verl reloads the actor, its optimizer
+(the run folder: ``run_dir``, else the one the input checkpoint's lineage marker
+names, else ``<out_dir>/../verl_run`` at a fresh start) and ``resume_mode=auto``: verl reloads the actor, its optimizer
 and its global step from the newest ``global_step_N`` there, so the stages are one
 run. Steps add up: a stage that starts at global step S and trains T steps is
 launched with ``total_training_steps = S + T`` and ends at step S + T, the sum
 of the steps of all stages so far. The policy's starting weights come from that
 checkpoint; ``actor_rollout_ref.model.path`` stays the curriculum's initial model
 for every stage, which also makes it the KL reference, as in CROPI's single run.
+
+A stage is retried safely: the launcher records the attempt (start, end and
+an identity hash of its launch) in the run folder before verl starts. A retry of
+the same attempt lets verl resume from whatever it saved (a mid-stage or the final
+checkpoint; a final one is only merged again); a retry with other settings rolls
+the run folder back to the stage's start. Before any GPU work, verl composes the
+launch config (``--cfg job``), so a misspelt override fails in seconds.
 
 After the run, verl's model merger turns ``global_step_{S+T}/actor`` into a
 Hugging Face folder (``out_dir/checkpoint``) the next stage's scoring loads.
@@ -21,9 +29,11 @@ installed there too: the reward workers import ``cropi.rewards.verl_reward``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -35,6 +45,7 @@ from cropi.errors import ConflictError, InvalidInputError, MismatchError, NotFou
 from cropi.trainers.base import (GrpoOptions, StageResult, TrainerAdapter, TrainingFailedError,
                                  check_stage_args)
 from cropi.trainers.lineage import StageMarker, read_marker, write_marker
+from cropi.utils.fsio import resolve, write_json_atomic
 
 NAME = "verl"
 ENTRY_POINT = "verl.trainer.main_ppo"
@@ -42,7 +53,8 @@ MERGER = "verl.model_merger"
 # The reward name that keeps verl's own scorer (chosen by each row's data_source).
 VERL_DEFAULT_REWARD = "verl_default"
 TRACKER = "latest_checkpointed_iteration.txt"  # verl's pointer to its newest global_step_N
-REWARD_FILE = Path(__file__).parents[1] / "rewards" / "verl_reward.py"
+REWARD_FUNCTION = "pkg://cropi.rewards.verl_reward"  # importable wherever cropi is installed
+ATTEMPT = "cropi_attempt.json"  # the stage attempt the run folder belongs to
 # verl metric names summarised into StageResult.metrics.
 REWARD_METRIC, LOSS_METRIC, KL_METRIC = "critic/score/mean", "actor/pg_loss", "actor/kl_loss"
 _NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
@@ -57,14 +69,25 @@ class VerlOptions(GrpoOptions):
     forward pass on a GPU (actor, reference and rollout log-probs). ``save_freq``:
     extra checkpoints every so many global steps; the end of a stage is always saved.
     ``run_dir``: the run's ``trainer.default_local_dir``, shared by all stages
-    (default: ``<out_dir>/../verl_run``). ``python``: the interpreter of the verl
+    (default: the folder the input checkpoint's lineage marker names, else
+    ``<out_dir>/../verl_run``). ``python``: the interpreter of the verl
     environment (default: ``$CROPI_VERL_PYTHON``, else ``python``). ``val_files``: the
-    parquet verl validates on when ``test_freq`` asks. ``extra_overrides``: more ``key=value`` Hydra overrides, last wins.
+    parquet verl validates on; required when ``test_freq`` or ``val_before_train``
+    asks for validation (verl loads ``data.val_files`` regardless, so without
+    validation the stage subset stands in, unread beyond loading).
+    ``attn_implementation``: the actor's attention (default: flash_attention_2 when
+    flash-attn is importable in the verl environment, else sdpa).
+    ``max_actor_ckpt_to_keep``: FSDP checkpoints kept in the run folder; older
+    ones are deleted once a stage is merged. ``ray_address``: the Ray cluster verl
+    joins (default: ``auto`` when ``nnodes > 1``, a cluster started with ``ray
+    start`` on every node; else verl starts its own). ``extra_overrides``: more
+    ``key=value`` Hydra overrides, last wins.
     """
 
+    max_prompt_tokens: int = Field(2048, gt=0)
     max_new_tokens: int = Field(2048, gt=0)
     kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl", "full"] = "low_var_kl"
-    entropy_coeff: float = Field(0.0, ge=0)
+    entropy_coeff: float = Field(0.001, ge=0)
     rollout_name: Literal["vllm", "sglang"] = "vllm"
     mini_batch_prompts: Optional[int] = Field(None, gt=0)
     micro_batch_per_gpu: int = Field(8, gt=0)
@@ -79,7 +102,10 @@ class VerlOptions(GrpoOptions):
     experiment_name: str = Field("cropi-curriculum", pattern=_NAME_PATTERN)
     run_dir: Optional[str] = None
     python: str = Field(default_factory=lambda: os.environ.get(PYTHON_ENV, "python"), min_length=1)
-    val_files: Optional[str] = Field(None, description="validation parquet (default: the stage subset)")
+    val_files: Optional[str] = Field(None, description="validation parquet (needed when validation is asked)")
+    attn_implementation: Optional[Literal["flash_attention_2", "sdpa", "eager"]] = None
+    max_actor_ckpt_to_keep: int = Field(1, gt=0)
+    ray_address: Optional[str] = Field(None, min_length=1)
     loggers: list[Literal["console", "file", "wandb", "tensorboard", "mlflow", "swanlab"]] = ["console", "file"]
     extra_overrides: list[str] = Field(default_factory=list)
 
@@ -103,39 +129,67 @@ class VerlOptions(GrpoOptions):
         if self.n_gpus_per_node % self.tensor_parallel:
             raise ValueError(f"tensor_parallel {self.tensor_parallel} must divide n_gpus_per_node "
                              f"{self.n_gpus_per_node}")
+        if (self.test_freq > 0 or self.val_before_train) and not self.val_files:
+            raise ValueError("validation is asked (test_freq > 0 or val_before_train) but val_files is not set: "
+                             "pass a validation parquet, not the stage's training subset")
         return self
 
+    @property
+    def cluster_address(self) -> Optional[str]:
+        return self.ray_address or ("auto" if self.nnodes > 1 else None)
 
-def default_run_dir(options: VerlOptions, out_dir: str | Path) -> Path:
-    """The run folder shared by all stages: ``options.run_dir`` or ``<out_dir>/../verl_run``."""
-    return Path(options.run_dir) if options.run_dir else Path(out_dir).resolve().parent / "verl_run"
+
+def default_run_dir(options: VerlOptions, out_dir: str | Path, model: str | Path | None = None) -> Path:
+    """The run folder shared by all stages of one run.
+
+    ``options.run_dir`` if set; else the run the input checkpoint continues (its
+    lineage marker, written by the previous verl stage); else, at a fresh start,
+    ``<out_dir>/../verl_run``, a folder a retry of the stage finds again.
+    """
+    if options.run_dir:
+        return Path(options.run_dir).expanduser().resolve()
+    marker = read_marker(model) if model is not None else None
+    if marker is not None and marker.trainer == NAME and marker.run_state:
+        return Path(marker.run_state)
+    return Path(out_dir).expanduser().resolve().parent / "verl_run"
 
 
 def verl_overrides(options: VerlOptions, *, model: str, subset: str, val_files: Optional[str], out_dir: str,
                    stage: int, steps: int, start_step: int = 0, seed: int = 0,
-                   reward: str = "math_verify") -> dict[str, Any]:
+                   reward: str = "math_verify", run_dir: str | Path | None = None,
+                   attn_implementation: Optional[str] = None) -> dict[str, Any]:
     """The Hydra overrides of one stage, key to value, in launch order.
 
     ``model``: the curriculum's initial model (policy init at step 0 and KL
     reference throughout). ``start_step``: the run's global step when the stage
     begins. ``stage`` names nothing in verl; it is accepted for symmetry with
-    ``train_stage`` and for error messages.
+    ``train_stage`` and for error messages. ``run_dir``: the run folder (default:
+    ``default_run_dir``). ``attn_implementation``: when ``options`` leaves it open,
+    the one detected in the verl environment (default sdpa).
     """
     check_stage_args(steps=steps, seed=seed, stage=stage)
     if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
         raise InvalidInputError(f"start_step must be an integer >= 0, got {start_step!r}")
     end = start_step + steps
     micro = options.micro_batch_per_gpu
+    attention = options.attn_implementation or attn_implementation or "sdpa"
+    run = Path(run_dir).expanduser().resolve() if run_dir else default_run_dir(options, out_dir, model)
     o: dict[str, Any] = {
         "algorithm.adv_estimator": "grpo",
         "algorithm.use_kl_in_reward": False,
         "data.train_files": _abs(subset),
+        # verl loads data.val_files even when it never validates: the subset stands in then.
         "data.val_files": _abs(val_files or subset),
+        "data.filter_overlong_prompts": True,  # dropped, not silently left-truncated
         "data.train_batch_size": options.batch_prompts,
         "data.max_prompt_length": options.max_prompt_tokens,
         "data.max_response_length": options.max_new_tokens,
         "data.seed": seed,
         "actor_rollout_ref.model.path": _abs(model),
+        # verl's default is flash_attention_2, which fails at start without flash-attn.
+        "+actor_rollout_ref.model.override_config.attn_implementation": attention,
+        # Packed sequences (remove padding) rely on flash-attn's varlen kernels to keep them apart.
+        "actor_rollout_ref.model.use_remove_padding": attention == "flash_attention_2",
         "actor_rollout_ref.actor.optim.lr": options.lr,
         "actor_rollout_ref.actor.optim.weight_decay": options.weight_decay,
         "actor_rollout_ref.actor.optim.clip_grad": options.grad_clip,
@@ -166,16 +220,19 @@ def verl_overrides(options: VerlOptions, *, model: str, subset: str, val_files: 
         "trainer.test_freq": options.test_freq,
         "trainer.val_before_train": options.val_before_train,
         "trainer.resume_mode": "auto",
-        "trainer.default_local_dir": str(default_run_dir(options, out_dir).resolve()),
+        "trainer.default_local_dir": str(run),
+        "trainer.max_actor_ckpt_to_keep": options.max_actor_ckpt_to_keep,
         "trainer.project_name": options.project_name,
         "trainer.experiment_name": options.experiment_name,
         "trainer.logger": list(options.loggers),
     }
     if reward != VERL_DEFAULT_REWARD:
-        o["reward.custom_reward_function.path"] = str(REWARD_FILE.resolve())
+        o["reward.custom_reward_function.path"] = REWARD_FUNCTION
         o["reward.custom_reward_function.name"] = "compute_score"
         # reward_kwargs is read by verl but absent from its config schema: "+" adds the key.
         o["+reward.custom_reward_function.reward_kwargs.reward_name"] = reward
+    if options.cluster_address:
+        o["+ray_kwargs.ray_init.address"] = options.cluster_address
     for extra in options.extra_overrides:
         key, value = extra.split("=", 1)
         o[key] = _Raw(value)
@@ -184,10 +241,12 @@ def verl_overrides(options: VerlOptions, *, model: str, subset: str, val_files: 
 
 def verl_command(options: VerlOptions, *, model: str, subset: str, val_files: Optional[str], out_dir: str,
                  stage: int, steps: int, start_step: int = 0, seed: int = 0,
-                 reward: str = "math_verify") -> list[str]:
+                 reward: str = "math_verify", run_dir: str | Path | None = None,
+                 attn_implementation: Optional[str] = None) -> list[str]:
     """``[python, -m, verl.trainer.main_ppo, key=value, ...]`` for one stage (see ``verl_overrides``)."""
     overrides = verl_overrides(options, model=model, subset=subset, val_files=val_files, out_dir=out_dir,
-                               stage=stage, steps=steps, start_step=start_step, seed=seed, reward=reward)
+                               stage=stage, steps=steps, start_step=start_step, seed=seed, reward=reward,
+                               run_dir=run_dir, attn_implementation=attn_implementation)
     return [options.python, "-m", ENTRY_POINT] + [f"{k}={hydra_value(v)}" for k, v in overrides.items()]
 
 
@@ -201,7 +260,9 @@ class _Raw(str):
     """A user-given override value, passed to Hydra exactly as written."""
 
 
-_PLAIN = re.compile(r"[A-Za-z0-9_./~:+@-]+")
+# Left unquoted only when Hydra reads it back as the same string: no "~" (Hydra's
+# grammar refuses it unquoted), no leading digit (it would become a number).
+_PLAIN = re.compile(r"[A-Za-z_/][A-Za-z0-9_./:+@-]*")
 
 
 def hydra_value(v: Any) -> str:
@@ -250,34 +311,140 @@ class VerlTrainer(TrainerAdapter):
         opts: VerlOptions = self.options
         _check_reward(reward)
         _check_subset(subset, opts.batch_prompts)
-        out = Path(out_dir).resolve()
+        out = Path(out_dir).expanduser().resolve()
         out.mkdir(parents=True, exist_ok=True)
-        run_dir = default_run_dir(opts, out).resolve()
+        run_dir = default_run_dir(opts, out, model)
         reference, start = _continuation(model, run_dir, stage)
-        _forget_dataloader_position(run_dir, start)
-
-        argv = verl_command(opts, model=reference, subset=subset, val_files=opts.val_files, out_dir=str(out),
-                            stage=stage, steps=steps, start_step=start, seed=seed, reward=reward)
+        end = start + steps
         log_path, metrics_path = out / "verl.log", out / "metrics.jsonl"
         env = dict(os.environ, VERL_FILE_LOGGER_PATH=str(metrics_path), HYDRA_FULL_ERROR="1")
-        began = time.monotonic()
-        _run(argv, log_path, env, out, "verl training")
-        runtime = time.monotonic() - began
+        argv = verl_command(opts, model=reference, subset=subset, val_files=opts.val_files, out_dir=str(out),
+                            stage=stage, steps=steps, start_step=start, seed=seed, reward=reward, run_dir=run_dir,
+                            attn_implementation=detect_attention(opts.python, env))
+        attempt = {"start_step": start, "end_step": end, "identity": _launch_identity(argv, subset)}
+        resumed = _resume_or_roll_back(run_dir, attempt, model, stage)
+        preflight(argv, env, out)  # a config verl refuses fails here, in seconds, before any GPU work
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(*resolve(str(run_dir / ATTEMPT)), attempt)
 
-        end = latest_step(run_dir)
-        if end != start + steps:
-            raise TrainingFailedError(f"verl stopped at global step {end}, expected {start + steps} "
+        began = time.monotonic()
+        if resumed < end:
+            if resumed == start:
+                _forget_dataloader_position(run_dir, start)
+            _run(argv, log_path, env, out, "verl training")
+        runtime = time.monotonic() - began
+        if latest_step(run_dir) != end:
+            raise TrainingFailedError(f"verl stopped at global step {latest_step(run_dir)}, expected {end} "
                                       f"(stage {stage} from step {start}, {steps} steps); see {log_path}")
-        checkpoint = out / "checkpoint"
-        _run(merge_command(opts.python, run_dir / f"global_step_{end}" / "actor", checkpoint),
-             log_path, env, out, "verl model merger", append=True)
-        if not any(checkpoint.glob("*.safetensors")):
-            raise TrainingFailedError(f"the model merger wrote no weights into {checkpoint}; see {log_path}")
+        checkpoint = _merge(opts.python, run_dir / f"global_step_{end}" / "actor", out, log_path, env)
         write_marker(checkpoint, StageMarker(trainer=NAME, reference_model=reference, stage=stage,
                                              global_step=end, run_state=str(run_dir)))
-        return StageResult(checkpoint=str(checkpoint), steps_done=end - start, global_step=end, stage=stage,
+        # Finished: a later launch from this stage's start is a retry only with these very settings.
+        write_json_atomic(*resolve(str(run_dir / ATTEMPT)), attempt | {"done": True})
+        _prune(run_dir, keep=opts.max_actor_ckpt_to_keep, newest=end)
+        return StageResult(checkpoint=str(checkpoint), steps_done=steps, global_step=end, stage=stage,
                            metrics=summarize_metrics(metrics_path, start, runtime), log_path=str(log_path),
                            metrics_path=str(metrics_path))
+
+
+def preflight(argv: list[str], env: dict, cwd: Path) -> None:
+    """Have verl compose its config from ``argv``'s overrides (``--cfg job``), without running."""
+    check = argv[:3] + ["--cfg", "job"] + argv[3:]
+    try:
+        proc = subprocess.run(check, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+    except FileNotFoundError:
+        raise NotFoundError(f"cannot run {argv[0]!r}: set VerlOptions.python to the interpreter of the "
+                            "environment verl is installed in") from None
+    if proc.returncode:
+        tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-15:])
+        raise InvalidInputError(f"verl refused the launch config (nothing was trained); fix the option or "
+                                f"extra override it names:\n{tail}")
+
+
+def detect_attention(python: str, env: dict | None = None) -> str:
+    """flash_attention_2 when flash-attn is importable by ``python``, else sdpa."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('flash_attn') is None)"
+    try:
+        found = subprocess.run([python, "-c", probe], env=env, capture_output=True, timeout=120).returncode == 0
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        found = False  # the preflight then says what is wrong with the interpreter
+    return "flash_attention_2" if found else "sdpa"
+
+
+def _launch_identity(argv: list[str], subset: str) -> str:
+    """What makes two launches the same attempt: the overrides and the subset's content."""
+    h = hashlib.sha256("\0".join(argv[1:]).encode())
+    h.update(Path(subset).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _resume_or_roll_back(run_dir: Path, attempt: dict, model: str, stage: int) -> int:
+    """The step verl will resume this stage from, after clearing what an unfinished attempt left.
+
+    ``_continuation`` made sure the run folder is at the stage's start, or past it
+    through an attempt that started there.
+    """
+    start, latest = attempt["start_step"], latest_step(run_dir)
+    if latest == start:
+        return start
+    previous = _read_attempt(run_dir) or {}
+    if {k: v for k, v in previous.items() if k != "done"} == attempt:
+        return latest  # the same launch again: verl resumes from its own newest checkpoint
+    if previous.get("done"):
+        raise _moved_on(model, run_dir, start, latest, stage)
+    if start and not (run_dir / f"global_step_{start}" / "actor").is_dir():
+        raise ConflictError(f"stage {stage} was started in {run_dir} with other settings and its starting "
+                            f"checkpoint global_step_{start} is gone: retry with the settings of that attempt, "
+                            "or start a new run")
+    for step, folder in _steps(run_dir):
+        if step > start:
+            shutil.rmtree(folder)
+    tracker = run_dir / TRACKER
+    if start:
+        write_text_atomic(tracker, str(start))
+    else:
+        tracker.unlink(missing_ok=True)
+    return start
+
+
+def _read_attempt(run_dir: Path) -> Optional[dict]:
+    path = run_dir / ATTEMPT
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except ValueError:
+        return None  # a torn record matches no attempt: the stage is rolled back and run again
+
+
+def _steps(run_dir: Path) -> list[tuple[int, Path]]:
+    found = [(int(m.group(1)), p) for p in run_dir.glob("global_step_*")
+             if (m := re.fullmatch(r"global_step_(\d+)", p.name)) and p.is_dir()]
+    return sorted(found)
+
+
+def _prune(run_dir: Path, *, keep: int, newest: int) -> None:
+    """Delete all but the ``keep`` newest checkpoints up to ``newest`` (a finished stage's end)."""
+    kept = [s for s, _ in _steps(run_dir) if s <= newest][-keep:]
+    for step, folder in _steps(run_dir):
+        if step < newest and step not in kept:
+            shutil.rmtree(folder)
+
+
+def _merge(python: str, actor: Path, out: Path, log_path: Path, env: dict) -> Path:
+    """verl's merger into ``out/checkpoint``, through a scratch folder so a torn merge is never used."""
+    checkpoint, scratch = out / "checkpoint", out / "checkpoint.partial"
+    shutil.rmtree(scratch, ignore_errors=True)
+    _run(merge_command(python, actor, scratch), log_path, env, out, "verl model merger", append=True)
+    if not any(scratch.glob("*.safetensors")):
+        raise TrainingFailedError(f"the model merger wrote no weights into {scratch}; see {log_path}")
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    scratch.rename(checkpoint)
+    return checkpoint
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _check_reward(reward: str) -> None:
@@ -306,22 +473,32 @@ def _check_subset(subset: str, batch_prompts: int) -> None:
 
 
 def _continuation(model: str, run_dir: Path, stage: int) -> tuple[str, int]:
-    """(the run's initial model, the global step this stage starts at), checked against the run folder."""
+    """(the run's initial model, the global step this stage starts at), checked against the run folder.
+
+    The run folder may be past the start only through an attempt of this stage
+    (a retry after verl saved, or after the merge): its attempt record starts there.
+    """
     marker = read_marker(model)
-    start = latest_step(run_dir)
-    if marker is None:
-        if start:
-            raise ConflictError(f"{run_dir} already holds a verl run at global step {start}, but {model} is not "
-                                "one of its stage checkpoints: pass the previous stage's checkpoint, or use a "
-                                "new run_dir to start a new run")
-        return str(Path(model).resolve()), 0
-    if marker.trainer != NAME:
+    latest = latest_step(run_dir)
+    if marker is not None and marker.trainer != NAME:
         raise ConflictError(f"{model} was trained by {marker.trainer!r}; a verl run resumes only its own "
                             "checkpoints. Start a new curriculum with the verl trainer from the initial model")
-    if marker.global_step != start:
-        raise MismatchError(f"{model} is from global step {marker.global_step} but {run_dir} is at step "
-                            f"{start}: stage {stage} must continue from the run's newest checkpoint")
-    return marker.reference_model, start
+    start = marker.global_step if marker else 0
+    reference = marker.reference_model if marker else str(Path(model).resolve())
+    attempt = _read_attempt(run_dir)
+    retry = attempt is not None and attempt.get("start_step") == start and latest <= attempt.get("end_step", -1)
+    if latest == start or (latest > start and retry):
+        return reference, start
+    raise _moved_on(model, run_dir, start, latest, stage)
+
+
+def _moved_on(model: str, run_dir: Path, start: int, latest: int, stage: int) -> Exception:
+    if not start:
+        return ConflictError(f"{run_dir} already holds a verl run at global step {latest}, but {model} is not "
+                             "one of its stage checkpoints: pass the previous stage's checkpoint, or use a "
+                             "new run_dir to start a new run")
+    return MismatchError(f"{model} is from global step {start} but {run_dir} is at step {latest}: stage "
+                         f"{stage} must continue from the run's newest checkpoint")
 
 
 def _forget_dataloader_position(run_dir: Path, step: int) -> None:
@@ -374,4 +551,5 @@ def summarize_metrics(path: str | Path, start_step: int, runtime: float) -> dict
 
 
 __all__ = ["VerlOptions", "VerlTrainer", "verl_command", "verl_overrides", "merge_command", "hydra_value",
+           "preflight", "detect_attention",
            "latest_step", "default_run_dir", "summarize_metrics", "VERL_DEFAULT_REWARD"]

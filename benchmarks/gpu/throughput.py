@@ -1,0 +1,141 @@
+"""GPU seconds per prompt: POPI gradient + projection versus a plain forward+backward pass,
+on a random-initialised model of Qwen2.5-1.5B's shape (built from its config, nothing
+downloaded), 8 responses of 512 tokens a prompt, kept fraction 0.1.
+
+Both sides run over exactly the same tokens in the same micro-batches, interleaved
+prompt by prompt in one run. Goal (issue 11): ratio <= 1.3 and < 0.5 s a prompt on one
+H100 (CROPI reports about 1.45 s a prompt).
+
+    python benchmarks/gpu/throughput.py [--prompts 24] --out benchmarks/results/gpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import environment, write_json  # noqa: E402
+
+from cropi.gradients import GradientComputer, LossOptions  # noqa: E402
+from cropi.gradients.batching import build_micro_batch, plan_micro_batches  # noqa: E402
+from cropi.projection import ProjectionSpec, make_projector  # noqa: E402
+from cropi.store import PromptTrajectories  # noqa: E402
+
+# Qwen2.5-1.5B's architecture (its config.json), random weights.
+QWEN25_15B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                  num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+RESPONSES, RESPONSE_TOKENS, PROMPT_TOKENS, KEPT_FRACTION = 8, 512, 128, 0.1
+GOAL_RATIO, GOAL_SECONDS = 1.3, 0.5
+
+
+# --smoke: the same code on a 2-layer model of that width, on CPU (checks the script, measures nothing).
+SMOKE = dict(QWEN25_15B, num_hidden_layers=2, vocab_size=4096)
+
+
+def build_model(device: torch.device, shape: dict):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(0)
+    # float32 and eager attention: what cropi's gradients job loads (cropi.models.loading).
+    config = Qwen2Config(**shape, attn_implementation="eager")
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device).eval()
+
+
+def trajectories(n: int, vocab: int, seed: int = 0) -> list[PromptTrajectories]:
+    """Random tokens; mixed rewards so every prompt has a non-zero advantage (a real backward)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        responses = rng.integers(0, vocab, size=(RESPONSES, RESPONSE_TOKENS)).tolist()
+        rewards = [float(k % 2) for k in range(RESPONSES)]
+        out.append(PromptTrajectories(prompt_id=f"p{i}", prompt_token_ids=rng.integers(0, vocab, PROMPT_TOKENS).tolist(),
+                                      responses=responses,
+                                      behavior_logprobs=[[-float(np.log(vocab))] * RESPONSE_TOKENS] * RESPONSES,
+                                      rewards=rewards, finish_reasons=["length"] * RESPONSES,
+                                      texts=[""] * RESPONSES))
+    return out
+
+
+def plain_fwd_bwd(model, traj, budget: int, pad_id: int) -> None:
+    """Forward and backward over the prompt's micro-batches with a trivial loss (the floor)."""
+    device = next(model.parameters()).device
+    lengths = [len(traj.prompt_token_ids) + len(r) for r in traj.responses]
+    for idx in plan_micro_batches(lengths, budget):
+        mb = build_micro_batch(list(traj.prompt_token_ids), traj.responses, traj.behavior_logprobs, idx, pad_id)
+        out = model(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device),
+                    position_ids=mb.position_ids.to(device), logits_to_keep=mb.targets.shape[1] + 1, use_cache=False)
+        targets = mb.targets.to(device)
+        logp = torch.log_softmax(out.logits[:, :-1].float(), -1).gather(-1, targets[..., None]).squeeze(-1)
+        (-(logp * mb.response_mask.to(device)).sum()).backward()
+    model.zero_grad(set_to_none=True)
+
+
+def run(n_prompts: int, out: Path, smoke: bool = False) -> dict:
+    if not smoke and not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gpu/throughput.py needs a CUDA device (--smoke checks it on CPU)")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shape = SMOKE if smoke else QWEN25_15B
+    model = build_model(device, shape)
+    spec = ProjectionSpec(kept_fraction=KEPT_FRACTION)
+    shapes = {k: tuple(p.shape) for k, p in model.named_parameters()}
+    t0 = time.perf_counter()
+    projector = make_projector(spec, shapes, device=device)
+    computer = GradientComputer(model, projector, LossOptions())
+    trajs = trajectories(n_prompts + 1, shape["vocab_size"])
+    computer.compute(trajs[0])  # warm-up (projection plan, kernels)
+    _sync(device)
+    plan_seconds = time.perf_counter() - t0
+    plain_fwd_bwd(model, trajs[0], computer.options.token_budget, computer.pad_id)
+    ours, plain = [], []
+    for i, t in enumerate(trajs[1:]):
+        sides = [("ours", lambda: computer.compute(t)),
+                 ("plain", lambda: plain_fwd_bwd(model, t, computer.options.token_budget, computer.pad_id))]
+        for name, fn in (sides if i % 2 == 0 else sides[::-1]):
+            _sync(device)
+            s = time.perf_counter()
+            fn()
+            _sync(device)
+            (ours if name == "ours" else plain).append(time.perf_counter() - s)
+    ratio = float(np.sum(ours) / np.sum(plain))
+    report = {"model": "Qwen2.5-1.5B shape, random init, float32, eager attention", "smoke": smoke,
+              "model_parameters": sum(p.numel() for p in model.parameters()), "prompts": n_prompts,
+              "responses_per_prompt": RESPONSES, "response_tokens": RESPONSE_TOKENS, "prompt_tokens": PROMPT_TOKENS,
+              "spec": spec.model_dump(), "n_kept": projector.n_kept,
+              "seconds_per_prompt": {"gradient_plus_projection": float(np.mean(ours)),
+                                     "plain_forward_backward": float(np.mean(plain))},
+              "ratio_to_fwd_bwd": ratio, "projection_plan_seconds_once": plan_seconds,
+              "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+              "goal": {"ratio_at_most": GOAL_RATIO, "seconds_per_prompt_under": GOAL_SECONDS,
+                       "met": ratio <= GOAL_RATIO and float(np.mean(ours)) < GOAL_SECONDS},
+              "environment": environment()}
+    write_json(out, "throughput_smoke.json" if smoke else "throughput.json", report)
+    return report
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu"))
+    ap.add_argument("--smoke", action="store_true", help="a 2-layer model on CPU: checks the script only")
+    a = ap.parse_args(argv)
+    r = run(a.prompts, a.out, a.smoke)
+    s = r["seconds_per_prompt"]
+    print(f"ratio_to_fwd_bwd {r['ratio_to_fwd_bwd']:.3f} ({s['gradient_plus_projection']:.3f} s vs "
+          f"{s['plain_forward_backward']:.3f} s a prompt); goal met: {r['goal']['met']}; "
+          f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
