@@ -23,7 +23,8 @@ from safetensors.torch import load_file, save_file
 from cropi.cli import main as cli_main
 from cropi.data import load_prompts, write_jsonl
 from cropi.models import build_tiny_model
-from cropi.pipeline import baselines, curriculum
+from cropi.pipeline import baselines, score
+from cropi.pipeline.curriculum import loop
 from cropi.pipeline.curriculum import (CurriculumConfig, CurriculumConfigError, CurriculumConflictError,
                                        run_curriculum, stage_seed)
 from cropi.rewards import register_reward
@@ -92,7 +93,7 @@ def make_config(setup, **overrides) -> CurriculumConfig:
 
 
 def use_trainer(monkeypatch, trainer: FakeTrainer) -> FakeTrainer:
-    monkeypatch.setattr(curriculum, "make_trainer", lambda name, **options: trainer)
+    monkeypatch.setattr(loop, "make_trainer", lambda name, **options: trainer)
     return trainer
 
 
@@ -100,10 +101,10 @@ def use_trainer(monkeypatch, trainer: FakeTrainer) -> FakeTrainer:
 def cropi_run(setup):
     trainer = FakeTrainer()
     engines = []
-    real = curriculum.make_backend
+    real = score.make_backend
     with pytest.MonkeyPatch.context() as mp:
         use_trainer(mp, trainer)
-        mp.setattr(curriculum, "make_backend", lambda *a, **kw: engines.append(a) or real(*a, **kw))
+        mp.setattr(score, "make_backend", lambda *a, **kw: engines.append(a) or real(*a, **kw))
         result = run_curriculum(make_config(setup), root=setup["root"])
     return result, trainer, engines
 
