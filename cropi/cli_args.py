@@ -20,6 +20,7 @@ from pydantic_core import PydanticUndefined
 # Fields whose model gives no description (models of other layers): one line each.
 FALLBACK_HELP = {
     "kind": "projection: sjlt (sparse), gaussian, rademacher or identity",
+    "seed": "projection: seeds every hash",
     "dim": "projection: k, the vector length",
     "kept_fraction": "projection: expected fraction r of gradient coordinates kept",
     "nnz": "projection: nonzeros per kept coordinate (sjlt)",
@@ -48,7 +49,9 @@ def add_model_args(parser, model: type[BaseModel], *, rename: dict[str, str] | N
             continue
         flags = rename.get(dotted, name.replace("_", "-"))
         flags = [flags] if isinstance(flags, str) else list(flags)
-        kwargs = _kind(inner)
+        kwargs = {"metavar": flags[0].upper().replace("-", "_"), **_kind(inner)}
+        if "choices" in kwargs or "action" in kwargs and kwargs["action"] is argparse.BooleanOptionalAction:
+            kwargs.pop("metavar")
         required = field.is_required()
         help_text = field.description or FALLBACK_HELP.get(name, name.replace("_", " "))
         if not required:
@@ -75,7 +78,7 @@ def model_values(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-_RESERVED = {"command", "json", "ray", "workers", "gpus_per_worker", "limit", "root", "config"}
+_RESERVED = {"command", "json", "ray", "workers", "gpus_per_worker", "limit", "root", "config", "shard"}
 
 
 def _default(field) -> Any:

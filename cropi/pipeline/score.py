@@ -35,13 +35,14 @@ from cropi.gradients import LossOptions
 from cropi.pipeline.collect import CollectJob, collect
 from cropi.pipeline.gradients import GradientJob, compute_gradients
 from cropi.pipeline.progress import Progress, report
-from cropi.pipeline.rank import RankingResult, rank, ranking_path
+from cropi.pipeline.rank import RankingResult, RankRequest, rank, ranking_path
 from cropi.projection import ProjectionSpec
 from cropi.store import TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.hashing import short_hash
 
 Dtype = Literal["float16", "float32"]
+_RANK = RankRequest.model_fields  # ranking settings: the rank step's defaults and bounds
 
 
 class ScoreRequest(BaseModel):
@@ -63,11 +64,12 @@ class ScoreRequest(BaseModel):
     projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
     loss: LossOptions = LossOptions()
     collect: CollectOptions = CollectOptions()
-    fusion: Literal["rrf", "max"] = Field("rrf", description="how validation sets' ranks are fused")
-    select_fraction: float = Field(0.1, gt=0, le=1, description="fraction of the pool selected",
+    fusion: Literal["rrf", "max"] = _RANK["fusion"]
+    select_fraction: float = Field(_RANK["select_fraction"].default, gt=0, le=1,
+                                   description=_RANK["select_fraction"].description,
                                    validation_alias=AliasChoices("select_fraction", "top_fraction", "fraction"))
-    max_validation: int = Field(100, gt=0, description="validation prompts averaged per set")
-    seed: int = Field(0, ge=0, description="seed of the validation subsample (when a set exceeds max_validation)")
+    max_validation: int = _RANK["max_validation"]
+    seed: int = _RANK["seed"]
     gradient_dtype: Dtype = Field("float16", description="stored vector dtype",
                                   validation_alias=AliasChoices("gradient_dtype", "dtype"))
     device: str = Field("auto", description="torch device for gradients ('auto': cuda when present)")
