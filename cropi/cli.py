@@ -36,7 +36,7 @@ def _collect_args(p):
 
 def _shard_args(p):
     p.add_argument("--shard", default="0/1", help="I/N: this worker's share of the prompts (default: %(default)s)")
-    p.add_argument("--ray", metavar="ADDRESS", help="run --workers shards as Ray tasks ('local' starts Ray here)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run --workers shards as Ray tasks ('local' starts Ray here) (default: none, run here)")
     p.add_argument("--workers", type=int, default=2, help="Ray workers, with --ray (default: %(default)s)")
     p.add_argument("--gpus-per-worker", type=float, default=0.0,
                    help="GPUs per Ray worker, with --ray (default: %(default)s)")
@@ -86,7 +86,8 @@ def _gradient_args(p):
     from cropi.pipeline.gradients import GradientJob
 
     add_model_args(p, GradientJob, skip=("shard",), rename={
-        **_flags("spec", PROJECTION_FLAGS), "loss.clip_eps": "clip", "dtype": ["dtype", "gradient-dtype"]})
+        **_flags("projection", PROJECTION_FLAGS), "loss.clip_eps": "clip",
+        "gradient_dtype": ["dtype", "gradient-dtype"]})
     _shard_args(p)
 
 

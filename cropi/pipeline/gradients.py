@@ -35,11 +35,11 @@ class GradientJob(BaseModel):
     store: str = Field(min_length=1, description="gradient store directory or pyarrow URI")
     split: str = Field(pattern=NAME_PATTERN, description="name of this prompt set in the store (pool, gsm8k, ...)")
     name: Optional[str] = Field(None, pattern=NAME_PATTERN, description="checkpoint name; default: model folder name")
-    spec: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("spec", "projection"))
+    projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
     loss: LossOptions = LossOptions()
     shard: tuple[int, int] = Field((0, 1), description="(i, n): this worker's share of the prompts")
-    dtype: Literal[VECTOR_DTYPES] = Field("float16", description="stored vector dtype",
-                                          validation_alias=AliasChoices("dtype", "gradient_dtype"))
+    gradient_dtype: Literal[VECTOR_DTYPES] = Field("float16", description="stored vector dtype",
+                                                   validation_alias=AliasChoices("gradient_dtype", "dtype"))
     device: str = Field("auto", description="torch device ('auto': cuda when present)")
     rows_per_shard: int = Field(64, gt=0, description="prompts per committed shard")
 
@@ -49,11 +49,11 @@ class GradientJob(BaseModel):
 
 
 def open_split(job: GradientJob, projector, trajectories: TrajectoryStore, fingerprint: str):
-    spec = job.spec.model_dump() | {"spec_id": job.spec.spec_id}
+    spec = job.projection.model_dump() | {"spec_id": job.projection.spec_id}
     extra = {"loss": job.loss.model_dump(), "trajectories": _identity_hash(trajectories.identity),
              "n_kept": projector.n_kept, "n_coords": projector.n_coords}
     return GradientStore(job.store).split(CheckpointRef(name=job.checkpoint_name, fingerprint=fingerprint),
-                                          spec, job.split, dim=projector.out_dim, dtype=job.dtype, extra=extra)
+                                          spec, job.split, dim=projector.out_dim, dtype=job.gradient_dtype, extra=extra)
 
 
 def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dict:
@@ -64,7 +64,7 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
     check_tokenizer_matches(trajectories.identity, load_tokenizer(job.model), job.model)
     device = _device(job.device)
     model = load_causal_lm(job.model, device=device)
-    projector = make_projector(job.spec, {n: tuple(p.shape) for n, p in model.named_parameters()}, device=device)
+    projector = make_projector(job.projection, {n: tuple(p.shape) for n, p in model.named_parameters()}, device=device)
     split = open_split(job, projector, trajectories, model_fingerprint(job.model))
     done = split.committed_prompt_ids()
     mine = sorted(p for p in trajectories.committed_prompt_ids() if in_shard(p, shard))
@@ -80,7 +80,7 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
             writer.write(res)
             counts[res.status] = counts.get(res.status, 0) + 1
             progress(stage, len(mine) - len(todo) + n, len(mine))
-    return {"split": job.split, "checkpoint": job.checkpoint_name, "spec_id": job.spec.spec_id,
+    return {"split": job.split, "checkpoint": job.checkpoint_name, "spec_id": job.projection.spec_id,
             "computed": counts, "skipped": len(mine) - len(todo), "total": len(mine)}
 
 

@@ -206,8 +206,8 @@ def gradient_jobs(request: ScoreRequest, root: str | Path, trajectories: dict[st
     """The gradients job of every split (pool first), all under one checkpoint name."""
     name = request.name or checkpoint_name(request, trajectories)
     return [GradientJob(model=request.model, trajectories=trajectories[split], store=store_path(root),
-                        split=split, name=name, spec=request.projection, loss=request.loss,
-                        dtype=request.gradient_dtype, device=request.device)
+                        split=split, name=name, projection=request.projection, loss=request.loss,
+                        gradient_dtype=request.gradient_dtype, device=request.device)
             for split in request.splits]
 
 
