@@ -13,7 +13,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 K_POOL = 8
 K_VALIDATION = 32
-MAX_SAMPLES = 1024
+MAX_SAMPLES = 4096  # leaves room for statistical checks of the sampler (thousands of one-token draws)
 MAX_NEW_TOKENS = 32768
 DEFAULT_REWARD = "math_verify"
 Backend = Literal["vllm", "hf"]
