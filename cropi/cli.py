@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from cropi import __version__
 from cropi.cli_args import add_model_args, model_values
-from cropi.contracts import SCORE_PREFIX
+from cropi.contracts import SCORE_PREFIX, SELECTED
 from cropi.errors import CropiError, InvalidInputError
 
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {}
@@ -144,11 +144,11 @@ def _score(a):
 def _format_ranking(res, limit: int) -> str:
     rows = res.table.slice(0, limit).to_pylist()
     score_cols = [c for c in res.table.column_names if c.startswith(SCORE_PREFIX)]
-    head = ["rank", "prompt_id", "fused", *score_cols, "selected"]
+    head = ["rank", "prompt_id", "fused", *score_cols, SELECTED]
     lines = ["\t".join(head)]
     for r in rows:
         lines.append("\t".join(str(r["rank"]) if c == "rank" else (f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])) for c in head))
-    lines.append(f"excluded: {res.excluded or 'none'}; selected: {sum(res.table['selected'].to_pylist())}")
+    lines.append(f"excluded: {res.excluded or 'none'}; selected: {sum(res.table[SELECTED].to_pylist())}")
     return "\n".join(lines)
 
 

@@ -17,13 +17,13 @@ from pyarrow.fs import FileSelector, FileType
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from cropi.contracts import NAME_PATTERN, POOL
+from cropi.contracts import NAME_PATTERN, POOL, RANKING_META_KEY, SELECTED
 from cropi.errors import InvalidInputError, NotFoundError
 from cropi.scoring import Ranking, rank_pool
 from cropi.store import GradientStore
 from cropi.utils.fsio import atomic_write_bytes, resolve
 
-META_KEY = b"cropi.ranking"
+META_KEY = RANKING_META_KEY
 
 
 class RankRequest(BaseModel):
@@ -92,7 +92,7 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
                         fusion=fusion, max_validation=max_validation, seed=seed)
     selected = set(ranking.select(top_fraction=top_fraction)) if top_fraction else set()
     table = ranking.to_table()
-    table = table.append_column("selected", pa.array([p in selected for p in table["prompt_id"].to_pylist()]))
+    table = table.append_column(SELECTED, pa.array([p in selected for p in table["prompt_id"].to_pylist()]))
     meta = ranking.meta | {"checkpoint": name, "spec_id": spec_id, "pool": pool, "validation": validation,
                            "top_fraction": top_fraction, "excluded": ranking.excluded,
                            "checkpoint_fingerprint": pool_t.checkpoint.fingerprint, "created": time.time()}
