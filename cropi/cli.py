@@ -7,7 +7,12 @@ import json
 import sys
 from typing import Callable
 
-from cropi.errors import CropiError
+from pydantic import ValidationError
+
+from cropi import __version__
+from cropi.cli_args import add_model_args, model_values
+from cropi.contracts import SCORE_PREFIX, SELECTED
+from cropi.errors import CropiError, InvalidInputError
 
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {}
 
@@ -23,27 +28,34 @@ def command(name: str, help: str):
 
 
 def _collect_args(p):
-    p.add_argument("--model", required=True, help="behavior checkpoint (Hugging Face folder)")
-    p.add_argument("--prompts", required=True, help="prompt file: jsonl, parquet or verl parquet")
-    p.add_argument("--out", required=True, help="trajectory store directory or pyarrow URI")
-    p.add_argument("--samples", type=int, default=8, help="responses per prompt (CROPI: 8 pool, 32 validation)")
-    p.add_argument("--temperature", type=float, default=0.5)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
-    p.add_argument("--reward", default="math_verify")
-    p.add_argument("--batch-prompts", type=int, default=None,
-                   help="prompts generated (and committed) at once (default 256 on a GPU, 32 on CPU)")
+    from cropi.pipeline.collect import CollectJob
+
+    add_model_args(p, CollectJob, skip=("shard",))
     _shard_args(p)
 
 
 def _shard_args(p):
-    p.add_argument("--shard", default="0/1", help="I/N: this worker's share of the prompts")
-    p.add_argument("--ray", metavar="ADDRESS", help="run --workers shards as Ray tasks ('local' starts Ray here)")
-    p.add_argument("--workers", type=int, default=2, help="Ray workers (with --ray)")
+    p.add_argument("--shard", default="0/1", help="I/N: this worker's share of the prompts (default: %(default)s)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run --workers shards as Ray tasks ('local' starts Ray here) (default: none, run here)")
+    p.add_argument("--workers", type=int, default=2, help="Ray workers, with --ray (default: %(default)s)")
     p.add_argument("--gpus-per-worker", type=float, default=None,
-                   help="GPUs per Ray worker (with --ray; default 1 when the cluster has GPUs, else 0)")
+                   help="GPUs per Ray worker, with --ray (default: 1 when the cluster has GPUs, else 0)")
+
+
+def _shard(a):
+    from cropi.pipeline.sharding import parse_shard
+
+    return parse_shard(a.shard)
+
+
+def _validated(model, values: dict):
+    """The options model from the flags; pydantic's complaints as one readable error."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as e:
+        problems = "; ".join(f"--{'-'.join(str(p) for p in err['loc'][-1:]).replace('_', '-')}: {err['msg']}"
+                             for err in e.errors())
+        raise InvalidInputError(problems) from None
 
 
 def _run_job(a, fn, job):
@@ -58,50 +70,32 @@ def _run_job(a, fn, job):
 
 @command("collect", "sample K responses per prompt with behavior log-probs and rewards")(_collect_args)
 def _collect(a):
-    from cropi.generation import SamplingConfig
     from cropi.pipeline.collect import CollectJob, collect
-    from cropi.pipeline.sharding import parse_shard
 
-    sampling = SamplingConfig(samples=a.samples, temperature=a.temperature, top_p=a.top_p,
-                              max_new_tokens=a.max_new_tokens, seed=a.seed)
-    job = CollectJob(model=a.model, prompts=a.prompts, out=a.out, sampling=sampling, backend=a.backend,
-                     reward=a.reward, shard=parse_shard(a.shard), batch_prompts=a.batch_prompts)
-    return _run_job(a, collect, job)
+    return _run_job(a, collect, _validated(CollectJob, {**model_values(a), "shard": _shard(a)}))
+
+
+# Flag names the gradients and score commands have always had for projection and loss fields.
+PROJECTION_FLAGS = {"dim": "projection-dim", "kind": "projection-kind", "seed": "seed", "clip_eps": "clip"}
+
+
+def _flags(prefix: str, names: dict[str, str]) -> dict[str, str]:
+    return {f"{prefix}.{k}": v for k, v in names.items()}
 
 
 def _gradient_args(p):
-    p.add_argument("--model", required=True, help="checkpoint to score (Hugging Face folder)")
-    p.add_argument("--trajectories", required=True, help="trajectory store made by `cropi collect`")
-    p.add_argument("--store", required=True, help="gradient store directory or pyarrow URI")
-    p.add_argument("--split", required=True, help="name of this prompt set in the store (pool, gsm8k, ...)")
-    p.add_argument("--name", help="checkpoint name (default: the model folder's name)")
-    p.add_argument("--projection-dim", type=int, default=None, help="k (default 32768)")
-    p.add_argument("--kept-fraction", type=float, default=None, help="fraction r of coordinates kept")
-    p.add_argument("--projection-kind", choices=["sjlt", "gaussian", "rademacher", "identity"], default=None)
-    p.add_argument("--seed", type=int, default=None, help="projection seed")
-    p.add_argument("--include", help="regex: only parameters whose name matches")
-    p.add_argument("--exclude", help="regex: skip parameters whose name matches")
-    p.add_argument("--clip", type=float, default=None, help="PPO ratio clip epsilon (default: unclipped)")
-    p.add_argument("--token-budget", type=int, default=8192, help="padded tokens per micro-batch")
-    p.add_argument("--dtype", choices=["float16", "float32"], default="float16", help="stored vector dtype")
-    p.add_argument("--rows-per-shard", type=int, default=64, help="prompts per committed shard")
-    p.add_argument("--device", default="auto")
+    from cropi.pipeline.gradients import GradientJob
+
+    add_model_args(p, GradientJob, skip=("shard",), rename={
+        **_flags("projection", PROJECTION_FLAGS), "loss.clip_eps": "clip",
+        "gradient_dtype": ["dtype", "gradient-dtype"]})
     _shard_args(p)
 
 
 def gradient_job_from_args(a):
-    from cropi.gradients import LossOptions
     from cropi.pipeline.gradients import GradientJob
-    from cropi.pipeline.sharding import parse_shard
-    from cropi.projection import ProjectionSpec
 
-    spec_fields = {"dim": a.projection_dim, "kept_fraction": a.kept_fraction, "kind": a.projection_kind,
-                   "seed": a.seed, "include": a.include, "exclude": a.exclude}
-    spec = ProjectionSpec(**{k: v for k, v in spec_fields.items() if v is not None})
-    return GradientJob(model=a.model, trajectories=a.trajectories, store=a.store, split=a.split, name=a.name,
-                       spec=spec, loss=LossOptions(clip_eps=a.clip, token_budget=a.token_budget),
-                       shard=parse_shard(a.shard), dtype=a.dtype, device=a.device,
-                       rows_per_shard=a.rows_per_shard)
+    return _validated(GradientJob, {**model_values(a), "shard": _shard(a)})
 
 
 @command("gradients", "POPI gradients of one split at one checkpoint, projected, into the store")(_gradient_args)
@@ -112,38 +106,50 @@ def _gradients(a):
 
 
 def _rank_args(p):
-    p.add_argument("--store", required=True)
-    p.add_argument("--name", required=True, help="checkpoint name")
-    p.add_argument("--pool", required=True, help="pool split")
-    p.add_argument("--validation", required=True, help="validation splits, comma separated")
-    p.add_argument("--fusion", choices=["rrf", "max"], default="rrf")
-    p.add_argument("--top-fraction", type=float, default=0.1)
-    p.add_argument("--spec-id", help="projection spec id, when the checkpoint has several")
-    p.add_argument("--max-validation", type=int, default=100, help="validation prompts averaged per set")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit", type=int, default=20, help="rows to print (--json prints all)")
+    from cropi.pipeline.rank import RankRequest
+
+    add_model_args(p, RankRequest, rename={"select_fraction": ["top-fraction", "select-fraction"]})
+    p.add_argument("--limit", type=int, default=20, help="rows to print (--json prints all) (default: 20)")
 
 
 @command("rank", "rank a pool by influence on validation sets; persist and print")(_rank_args)
 def _rank(a):
-    from cropi.pipeline.rank import rank
+    from cropi.pipeline.rank import RankRequest
 
-    res = rank(a.store, a.name, a.pool, [v for v in a.validation.split(",") if v], fusion=a.fusion,
-               top_fraction=a.top_fraction, spec_id=a.spec_id, max_validation=a.max_validation, seed=a.seed)
+    res = _validated(RankRequest, model_values(a)).run()
     if a.json:
         return {"meta": res.meta, "rows": res.table.to_pylist()}
     print(_format_ranking(res, a.limit))
     return None
 
 
+def _score_args(p):
+    from cropi.pipeline.score import ScoreRequest
+
+    add_model_args(p, ScoreRequest, rename={
+        **_flags("projection", {**PROJECTION_FLAGS, "seed": "projection-seed"}), "loss.clip_eps": "clip",
+        "collect.seed": "collect-seed", "gradient_dtype": ["gradient-dtype", "dtype"],
+        "select_fraction": ["select-fraction", "top-fraction"], "validation": "validation",
+        "trajectories": "trajectories"})
+    p.add_argument("--root", required=True, help="run root: trajectories/ and store/ go here")
+
+
+@command("score", "score a checkpoint: collect what is missing, gradients of every split, rank, select")(_score_args)
+def _score(a):
+    from cropi.pipeline.score import ScoreRequest, score_checkpoint
+
+    result = score_checkpoint(_validated(ScoreRequest, model_values(a)), root=a.root, progress=_bar(a))
+    return result.model_dump(mode="json")
+
+
 def _format_ranking(res, limit: int) -> str:
     rows = res.table.slice(0, limit).to_pylist()
-    score_cols = [c for c in res.table.column_names if c.startswith("score:")]
-    head = ["rank", "prompt_id", "fused", *score_cols, "selected"]
+    score_cols = [c for c in res.table.column_names if c.startswith(SCORE_PREFIX)]
+    head = ["rank", "prompt_id", "fused", *score_cols, SELECTED]
     lines = ["\t".join(head)]
     for r in rows:
         lines.append("\t".join(str(r["rank"]) if c == "rank" else (f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])) for c in head))
-    lines.append(f"excluded: {res.excluded or 'none'}; selected: {sum(res.table['selected'].to_pylist())}")
+    lines.append(f"excluded: {res.excluded or 'none'}; selected: {sum(res.table[SELECTED].to_pylist())}")
     return "\n".join(lines)
 
 
@@ -157,6 +163,18 @@ def _curriculum(a):
     from cropi.pipeline.curriculum import CurriculumConfig, run_curriculum
 
     return run_curriculum(CurriculumConfig.from_file(a.config), root=a.root, progress=_bar(a))
+
+
+def _job_args(p):
+    p.add_argument("file", help="job file (JSON): kind and that kind's options (see jobs/README.md)")
+    p.add_argument("--shard", help="I/N: this task's share of a collect or gradients job (array jobs)")
+
+
+@command("job", "run one job file, as a scheduler does (collect, gradients, rank, score or curriculum)")(_job_args)
+def _job(a):
+    from cropi.pipeline.jobfile import load_job_file, run_job_file
+
+    return run_job_file(load_job_file(a.file, _shard(a) if a.shard else None), _bar(a))
 
 
 def _demo_args(p):
@@ -183,19 +201,26 @@ def _demo(a):
             "timing_s": report["timing_s"]}
 
 
-def _serve_args(p):
-    p.add_argument("--root", required=True, help="service state and store directory")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--token-file", help="file holding the bearer token (required off loopback)")
-    p.add_argument("--data-root", action="append", help="directory callers' paths must lie under (repeatable)")
+# Commands other packages add (the service: `cropi serve`, `cropi worker`): entry points in this
+# group, named by command; each is called with the arguments from the command name on.
+PLUGIN_GROUP = "cropi.commands"
+PLUGIN_HINTS = {"serve": "run the influence service (FastAPI)", "worker": "run queued service jobs"}
 
 
-@command("serve", "run the influence service (FastAPI)")(_serve_args)
-def _serve(a):
-    from services.cli import serve
+def _plugin(name: str):
+    from importlib.metadata import entry_points
 
-    serve(root=a.root, host=a.host, port=a.port, token_file=a.token_file, data_roots=a.data_root or ())
+    found = [ep for ep in entry_points(group=PLUGIN_GROUP) if ep.name == name]
+    return found[0].load() if found else None
+
+
+def _run_plugin(argv: list[str]) -> int:
+    fn = _plugin(argv[0])
+    if fn is None:
+        print(f"cropi {argv[0]}: the service is not installed: install cropi[serve] "
+              "(pip install 'cropi[serve]') to get `cropi serve`", file=sys.stderr)
+        return 2
+    return int(fn(argv) or 0)
 
 
 def _bar(a):
@@ -206,15 +231,21 @@ def _bar(a):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cropi", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"cropi {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help, add_args, _) in COMMANDS.items():
         p = sub.add_parser(name, help=help, description=help)
         add_args(p)
         p.add_argument("--json", action="store_true", help="print the result as JSON")
+    for name, help in PLUGIN_HINTS.items():  # listed in --help; dispatched before parsing (see main)
+        sub.add_parser(name, help=f"{help} (needs cropi[serve])", add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PLUGIN_HINTS:
+        return _run_plugin(argv)
     args = build_parser().parse_args(argv)
     try:
         result = COMMANDS[args.command][2](args)

@@ -21,7 +21,7 @@ import pyarrow as pa
 from cropi.errors import InvalidInputError, NotFoundError
 from services.errors import PipelineUnavailableError
 
-POOL_SPLIT = "pool"  # the store split name run_scoring gives the pool
+POOL_SPLIT = "pool"  # the store split name score_checkpoint gives the pool
 
 
 @dataclass
@@ -97,11 +97,11 @@ def store_of(root: str | os.PathLike) -> str:
 
 def scoring_job(params: dict[str, Any], *, root: str, progress: Callable[[str, int, int], None]) -> dict[str, Any]:
     """Run (or resume) a checkpoint's scoring; adds ``prompts_scored`` and ``spec_id`` to the result."""
-    ScoringRequest, run_scoring = _import("cropi.pipeline.scoring", "ScoringRequest", "run_scoring")
+    ScoreRequest, score_checkpoint = _import("cropi.pipeline.score", "ScoreRequest", "score_checkpoint")
     (load_ranking,) = _import("cropi.pipeline.rank", "load_ranking")
-    request = ScoringRequest.model_validate(params)
-    result = run_scoring(request, root=root, progress=progress) or {}
-    spec_id = request.spec.spec_id if request.spec is not None else None
+    request = ScoreRequest.model_validate(params)
+    result = score_checkpoint(request, root=root, progress=progress) or {}
+    spec_id = request.projection.spec_id
     ranking = load_ranking(store_of(root), request.name, pool=POOL_SPLIT, spec_id=spec_id)
     return {**_jsonable(result), "spec_id": ranking.meta.get("spec_id", spec_id),
             "prompts_scored": ranking.table.num_rows}
@@ -147,13 +147,13 @@ class CropiLibrary:
         return ProjectionSpec.model_validate(projection or {}).spec_id
 
     def scoring_params(self, *, name, model, pool, validation, trajectories, projection, options) -> dict[str, Any]:
-        ScoringRequest, _ = _import("cropi.pipeline.scoring", "ScoringRequest", "run_scoring")
+        ScoreRequest, _ = _import("cropi.pipeline.score", "ScoreRequest", "score_checkpoint")
         (ProjectionSpec,) = _import("cropi.projection", "ProjectionSpec")
         fields = {**(options or {}), "name": name, "model": model, "pool": pool, "validation": validation,
                   "trajectories": trajectories,
                   # always a concrete spec, so the service knows the spec_id before the job runs
                   "spec": ProjectionSpec.model_validate(projection or {})}
-        return ScoringRequest.model_validate(fields).model_dump(mode="json")
+        return ScoreRequest.model_validate(fields).model_dump(mode="json")
 
     def ranking_version(self, name: str, spec_id: str) -> Hashable | None:
         (ranking_path,) = _import("cropi.pipeline.rank", "ranking_path")

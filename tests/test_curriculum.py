@@ -23,7 +23,8 @@ from safetensors.torch import load_file, save_file
 from cropi.cli import main as cli_main
 from cropi.data import load_prompts, write_jsonl
 from cropi.models import build_tiny_model
-from cropi.pipeline import baselines, curriculum
+from cropi.pipeline import baselines, score
+from cropi.pipeline.curriculum import loop
 from cropi.pipeline.curriculum import (CurriculumConfig, CurriculumConfigError, CurriculumConflictError,
                                        run_curriculum, stage_seed)
 from cropi.rewards import register_reward
@@ -92,7 +93,7 @@ def make_config(setup, **overrides) -> CurriculumConfig:
 
 
 def use_trainer(monkeypatch, trainer: FakeTrainer) -> FakeTrainer:
-    monkeypatch.setattr(curriculum, "make_trainer", lambda name, **options: trainer)
+    monkeypatch.setattr(loop, "make_trainer", lambda name, **options: trainer)
     return trainer
 
 
@@ -100,10 +101,10 @@ def use_trainer(monkeypatch, trainer: FakeTrainer) -> FakeTrainer:
 def cropi_run(setup):
     trainer = FakeTrainer()
     engines = []
-    real = curriculum.make_backend
+    real = score.make_backend
     with pytest.MonkeyPatch.context() as mp:
         use_trainer(mp, trainer)
-        mp.setattr(curriculum, "make_backend", lambda *a, **kw: engines.append(a) or real(*a, **kw))
+        mp.setattr(score, "make_backend", lambda *a, **kw: engines.append(a) or real(*a, **kw))
         result = run_curriculum(make_config(setup), root=setup["root"])
     return result, trainer, engines
 
@@ -304,3 +305,30 @@ def test_cli_runs_a_curriculum(setup, monkeypatch, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["finished"] and out["stages"][0]["n_prompts"] == POOL and len(trainer.calls) == 1
     assert cli_main(["curriculum", "--config", str(cfg_file) + ".missing", "--root", setup["root"]]) == 2
+
+
+# ---------------------------------------------------------------- compatibility with curricula started earlier
+
+
+def test_resume_key_store_paths_and_names_are_those_of_the_original_code():
+    """Values computed by the code before the score step was unified (commit 12489f8), so
+    curricula started then resume, and find their trajectories and gradients, after it."""
+    from cropi.pipeline.curriculum import CurriculumPaths, collect_jobs, gradient_jobs, scoring_splits
+
+    cfg = CurriculumConfig.model_validate(dict(
+        name="pinned", model="/m", pool="/p", validation={"v": "/v"}, stages=2, select_fraction=0.2,
+        reward="exact_numeric", collect=dict(pool_samples=4, temperature=1.0, backend="hf",
+                                             backend_options={"max_batch_rows": 8}),
+        projection=dict(dim=64), gradient_dtype="float32"))
+    assert cfg.resume_key() == "33b13f976f82e4b9"
+    here = Path(__file__).resolve().parent
+    cfg = CurriculumConfig.model_validate(dict(
+        name="pinned", model=str(here.parent / "cropi" / "demo" / "assets" / "warmstart-tiny"),
+        pool=str(here / "golden" / "pool.jsonl"), validation={"val_a": str(here / "golden" / "val_a.jsonl")},
+        reward="exact_numeric", collect=dict(pool_samples=4, temperature=1.0, backend="hf"), gradient_dtype="float32"))
+    paths = CurriculumPaths("/root", "pinned")
+    jobs = collect_jobs(cfg, paths, cfg.model, scoring_splits(cfg))
+    assert {s: j.out for s, j in jobs.items()} == {"pool": "/root/trajectories/01e09094aec35ff9/pool",
+                                                   "val_a": "/root/trajectories/24a8376425bbaa84/val_a"}
+    assert gradient_jobs(cfg, paths, cfg.model, {s: j.out for s, j in jobs.items()})[0].name == \
+        "e7d0e50c8c5da65b-653cab2c"

@@ -286,3 +286,101 @@ def test_other_checkpoint_under_same_name_and_missing_spec(capsys, scored, tmp_p
 def _model_dir(scored: Path) -> Path:
     identity = TrajectoryStore.open(str(scored / "traj" / "pool")).identity
     return Path(identity["model"]["path"])
+
+
+# ---------------------------------------------------------------- the score step, job files, the command's surface
+
+
+def test_score_refuses_trajectories_of_another_prompt_set(capsys, collected, task_model, task_files, tmp_path):
+    """A store collected from the 20-prompt pool cannot stand in for the 8-prompt val_a set."""
+    root = tmp_path / "root"
+    err = cli_error(capsys, "score", "--model", task_model, "--root", str(root), "--pool", task_files["pool"],
+                    "--validation", f"val_a={task_files['val_a']}",
+                    "--trajectories", f"pool={collected / 'traj' / 'pool'}",
+                    "--trajectories", f"val_a={collected / 'traj' / 'pool'}")
+    assert "'val_a'" in err and "do not match" in err and "leave 'val_a' out" in err
+    assert not (root / "store").exists()
+
+
+def test_score_command_equals_gradients_then_rank(scored, collected, task_model, task_files, tmp_path):
+    """`cropi score` over the same trajectories stores bitwise the vectors and the ranking the
+    separate `cropi gradients` + `cropi rank` made, and returns the ranking's selection."""
+    root = tmp_path / "root"
+    given = [a for s in SPLITS for a in ("--trajectories", f"{s}={collected / 'traj' / s}")]
+    out = run_cli("score", "--model", task_model, "--root", str(root), "--name", "warm", "--pool", task_files["pool"],
+                  "--validation", f"val_a={task_files['val_a']}", "--validation", f"val_b={task_files['val_b']}",
+                  *given, "--select-fraction", "0.25", "--projection-dim", "512", "--kept-fraction", "0.5",
+                  "--gradient-dtype", "float32")
+    _assert_same_vectors(GradientStore(str(scored / "store")), GradientStore(str(root / "store")))
+    ranked = run_cli("rank", "--store", str(scored / "store"), "--name", "warm", "--pool", "pool",
+                     "--validation", "val_a,val_b", "--top-fraction", "0.25")
+    assert out["selected"] == [r["prompt_id"] for r in ranked["rows"] if r["selected"]]
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out["ranking"])
+    assert table.select(["prompt_id", "rank", "selected"]).to_pylist() == [
+        {k: r[k] for k in ("prompt_id", "rank", "selected")} for r in ranked["rows"]]
+
+
+def test_job_file_runs_the_same_step_and_bad_files_are_refused(capsys, scored, tmp_path):
+    job = tmp_path / "rank.json"
+    job.write_text(json.dumps({"kind": "rank", "request": {"store": str(scored / "store"), "name": "warm",
+                                                           "validation": ["val_a", "val_b"], "top_fraction": 0.25}}))
+    via_job = run_cli("job", str(job))
+    direct = run_cli("rank", "--store", str(scored / "store"), "--name", "warm", "--validation", "val_a,val_b",
+                     "--top-fraction", "0.25")
+    assert via_job["rows"] == direct["rows"]
+    job.write_text(json.dumps({"kind": "rank", "request": {"store": "s", "name": "warm", "validation": ["a"],
+                                                           "shell": "rm -rf /"}}))
+    assert "shell" in cli_error(capsys, "job", str(job))
+    job.write_text(json.dumps({"kind": "collect", "job": {"model": "m", "prompts": "p", "out": "o",
+                                                          "engine": {"trust_remote_code": True}}}))
+    assert "trust_remote_code" in cli_error(capsys, "job", str(job))
+    proc = subprocess.run([sys.executable, "jobs/run.py", str(tmp_path / "missing.json")], capture_output=True,
+                          text=True, cwd=Path(__file__).parents[1], env=dict(os.environ, TQDM_DISABLE="1"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_engine_options_are_closed(task_model):
+    from cropi.generation import GenerationError, make_backend
+
+    for bad in ({"trust_remote_code": True}, {"attn_implementation": "eager"}, {"model": "/elsewhere"},
+                {"tensor_parallel_size": 2}):  # the last: a vLLM option handed to hf
+        with pytest.raises(GenerationError, match="engine options"):
+            make_backend("hf", task_model, **bad)
+
+
+def test_help_shows_every_default_and_version(capsys):
+    from cropi.cli import COMMANDS, build_parser
+    from cropi.generation import CollectOptions, SamplingConfig
+
+    parser = build_parser()
+    for name in ("collect", "gradients", "rank", "score"):
+        sub = parser._subparsers._group_actions[0].choices[name]
+        for action in sub._actions:
+            if action.option_strings and action.dest not in ("help", "json") and not action.required:
+                assert action.help and "(default: " in action.help, (name, action.option_strings)
+    text = parser._subparsers._group_actions[0].choices["score"].format_help()
+    assert f"(default: {CollectOptions().validation_samples})" in text.replace("\n", " ").replace("  ", " ")
+    assert f"(default: {SamplingConfig().temperature})" in text.replace("\n", " ")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--version"])
+    assert capsys.readouterr().out.startswith("cropi ")
+    assert "serve" in parser.format_help() and set(COMMANDS) >= {"collect", "gradients", "rank", "score", "job"}
+
+
+def test_out_of_range_options_are_refused(capsys, tmp_path):
+    err = cli_error(capsys, "collect", "--model", "m", "--prompts", "p", "--out", str(tmp_path / "o"),
+                    "--samples", "5000")
+    assert "--samples" in err and "4096" in err
+    err = cli_error(capsys, "collect", "--model", "m", "--prompts", "p", "--out", str(tmp_path / "o"),
+                    "--max-new-tokens", "100000")
+    assert "--max-new-tokens" in err
+
+
+def test_serve_without_the_service_says_what_to_install(capsys, monkeypatch):
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [])
+    assert main(["serve", "--root", "x"]) == 2
+    assert "install cropi[serve]" in capsys.readouterr().err

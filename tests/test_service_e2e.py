@@ -6,7 +6,7 @@ uninterrupted reference run); the service scores the same inputs, is SIGKILLed w
 gradients are being computed, is started again, resumes the job, and must then serve the
 reference ranking and the reference vectors, as JSON and as Arrow.
 
-Needs cropi.pipeline.scoring (skipped without it). Slow: minutes on 2 CPU cores.
+Needs cropi.pipeline.score (skipped without it). Slow: minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-scoring = pytest.importorskip("cropi.pipeline.scoring")
+scoring = pytest.importorskip("cropi.pipeline.score")
 httpx = pytest.importorskip("httpx")
 
 from cropi.data.prompts import write_jsonl  # noqa: E402
@@ -70,12 +70,12 @@ def world(task_model, task_splits, tmp_path_factory):
 def reference(world, tmp_path_factory):
     """The library's own, uninterrupted scoring of the same inputs."""
     root = tmp_path_factory.mktemp("reference")
-    request = scoring.ScoringRequest(
+    request = scoring.ScoreRequest(
         name="ck", model=str(world["model"]), pool=str(world["files"]["pool"]),
         validation={v: str(world["files"][v]) for v in ("val_a", "val_b")},
         trajectories={k: str(v) for k, v in world["trajectories"].items()},
         spec=ProjectionSpec(**PROJECTION))
-    scoring.run_scoring(request, root=str(root))
+    scoring.score_checkpoint(request, root=str(root))
     spec_id = ProjectionSpec(**PROJECTION).spec_id
     ranking = load_ranking(store_of(root), "ck", pool=POOL_SPLIT, spec_id=spec_id)
     pool = GradientStore(store_of(root)).open_split("ck", spec_id, POOL_SPLIT).read()

@@ -12,24 +12,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from cropi.errors import InvalidInputError
+from cropi.generation.options import SamplingConfig
 
 FinishReason = Literal["stop", "length"]
 SEED_BITS = 62  # vLLM gives the k-th sample of a request seed + k; leave room below 2**63
-
-
-class SamplingConfig(BaseModel):
-    """How responses are sampled. CROPI: K=8 (32 for validation prompts), temperature 0.5."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    samples: int = Field(8, gt=0, description="K: responses per prompt")
-    temperature: float = Field(0.5, ge=0.0, description="0 means greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(256, gt=0)
-    seed: int = Field(0, ge=0)
 
 
 @dataclass
@@ -94,16 +81,3 @@ def check_batch(prompts: list[list[int]], keys: list[str]) -> None:
     for key, ids in zip(keys, prompts):
         if not ids:
             raise GenerationError(f"prompt {key!r} has no tokens: render it with render_prompt first")
-
-
-def make_backend(name: Literal["vllm", "hf"], model_path, **opts) -> GenerationBackend:
-    """Start a backend by name: ``"vllm"`` (vLLM offline engine) or ``"hf"`` (transformers)."""
-    if name == "hf":
-        from cropi.generation.hf import HFBackend
-
-        return HFBackend(model_path, **opts)
-    if name == "vllm":
-        from cropi.generation.vllm import VLLMBackend
-
-        return VLLMBackend(model_path, **opts)
-    raise GenerationError(f"unknown generation backend {name!r}: use 'vllm' or 'hf'")

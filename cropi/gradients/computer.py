@@ -9,7 +9,6 @@ the parameters the projection spec covers get gradients, which saves work.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cropi.gradients.batching import build_micro_batch, plan_micro_batches
 from cropi.gradients.popi import group_advantages, popi_loss
+from cropi.store.types import GradientRecord
 
 
 class LossOptions(BaseModel):
@@ -40,16 +40,7 @@ class Trajectories(Protocol):
     rewards: Sequence[float | None]
 
 
-@dataclass
-class GradientResult:
-    prompt_id: str
-    vector: np.ndarray  # float32 (out_dim,)
-    raw_norm: float
-    n_responses: int
-    reward_mean: float
-    reward_std: float
-    n_tokens: int
-    status: str
+GradientResult = GradientRecord  # the earlier name of the same row type
 
 
 class GradientComputer:
@@ -68,7 +59,7 @@ class GradientComputer:
         self.pad_id = _pad_id(model)
         self.max_length = self.options.max_length or getattr(model.config, "max_position_embeddings", None)
 
-    def compute(self, traj: Trajectories) -> GradientResult:
+    def compute(self, traj: Trajectories) -> GradientRecord:
         prompt, responses, behavior, truncated = self._fit(traj)
         rewards = torch.tensor([0.0 if r is None else float(r) for r in traj.rewards])
         n_tokens = sum(len(prompt) + len(r) for r in responses)
@@ -78,15 +69,15 @@ class GradientComputer:
         adv = group_advantages(rewards)
         if truncated == "prompt" or not torch.any(adv != 0):
             status = "truncated" if truncated == "prompt" else "zero_advantage"
-            return GradientResult(vector=self._zeros(), raw_norm=0.0, status=status, **base)
+            return GradientRecord(vector=self._zeros(), raw_norm=0.0, status=status, **base)
         self._backward(prompt, responses, behavior, adv)
         grads = [(n, _grad_of(p)[None]) for n, p in self.params]
         raw_norm = math.sqrt(sum(float(g.double().pow(2).sum()) for _, g in grads))
         if not math.isfinite(raw_norm):
-            return GradientResult(vector=self._zeros(), raw_norm=raw_norm, status="nonfinite", **base)
+            return GradientRecord(vector=self._zeros(), raw_norm=raw_norm, status="nonfinite", **base)
         vector = self.projector.project(grads)[0].float().cpu().numpy()
         status = "truncated" if truncated else "ok"
-        return GradientResult(vector=vector, raw_norm=raw_norm, status=status, **base)
+        return GradientRecord(vector=vector, raw_norm=raw_norm, status=status, **base)
 
     def _backward(self, prompt, responses, behavior, adv: torch.Tensor) -> None:
         for _, p in self.params:

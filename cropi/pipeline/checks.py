@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 from cropi.errors import MismatchError
+from cropi.utils.hashing import SPACED, short_hash
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
     """Content hash of the vocabulary and special tokens (file layout independent)."""
     vocab = sorted(tokenizer.get_vocab().items())
     specials = sorted(str(t) for t in tokenizer.all_special_tokens)
-    blob = json.dumps([vocab, specials], ensure_ascii=False).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    # spaced and non-ASCII: the form trajectory stores already record
+    return short_hash([vocab, specials], separators=SPACED, ensure_ascii=False)
 
 
 def check_tokenizer_matches(trajectory_identity: dict, tokenizer, model_path: str) -> None:

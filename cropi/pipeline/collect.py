@@ -7,12 +7,13 @@ bad input leaves the store as it was. Resumable: committed prompts are skipped.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from cropi.data.prompts import load_prompts, prompts_fingerprint
-from cropi.generation import SamplingConfig, make_backend
+from cropi.generation import EngineOptions, SamplingConfig, make_backend
+from cropi.generation.options import Backend, CollectOptions
 from cropi.generation.prompting import check_prompt_fits, render_prompt
 from cropi.models.loading import load_tokenizer
 from cropi.pipeline.checks import tokenizer_fingerprint
@@ -23,22 +24,25 @@ from cropi.store import TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 
 
+_OPTS = CollectOptions.model_fields
 GPU_BATCH_PROMPTS, CPU_BATCH_PROMPTS = 256, 32
 
 
 class CollectJob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """One prompt file's collection into one trajectory store (defaults: ``CollectOptions``')."""
 
-    model: str
-    prompts: str
-    out: str
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    model: str = Field(min_length=1, description="behavior checkpoint (Hugging Face folder)")
+    prompts: str = Field(min_length=1, description="prompt file: jsonl, parquet or verl parquet")
+    out: str = Field(min_length=1, description="trajectory store directory or pyarrow URI")
     sampling: SamplingConfig = SamplingConfig()
-    backend: Literal["vllm", "hf"] = "vllm"
-    reward: str = "math_verify"
-    shard: tuple[int, int] = (0, 1)
+    backend: Backend = _OPTS["backend"]
+    reward: str = _OPTS["reward"]
+    shard: tuple[int, int] = Field((0, 1), description="(i, n): this worker's share of the prompts")
     batch_prompts: Optional[int] = Field(None, gt=0, description="prompts handed to the backend at once (and "
                                          "committed as one shard); default 256 on a GPU, 32 on CPU")
-    backend_options: dict = Field(default_factory=dict)
+    engine: EngineOptions = Field(EngineOptions(), validation_alias=AliasChoices("engine", "backend_options"))
 
 
 def collect(job: CollectJob, progress: Progress | None = None, backend=None) -> dict:
@@ -53,7 +57,7 @@ def collect(job: CollectJob, progress: Progress | None = None, backend=None) -> 
     if job.batch_prompts is None:
         job = job.model_copy(update={"batch_prompts": default_batch_prompts()})
     own = backend is None
-    backend = backend or make_backend(job.backend, job.model, **job.backend_options)
+    backend = backend or make_backend(job.backend, job.model, job.engine)
     try:
         for r in records:  # every prompt checked before the store is touched
             check_prompt_fits(len(rendered[r.prompt_id]), job.sampling.max_new_tokens, backend.max_model_len,

@@ -6,13 +6,13 @@ takes the prompts whose id hashes to i, so n workers can share one store).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Literal, Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from cropi.contracts import NAME_PATTERN, VECTOR_DTYPES
 
 from cropi.gradients import GradientComputer, LossOptions
 from cropi.models.loading import load_causal_lm, load_tokenizer
@@ -22,24 +22,26 @@ from cropi.pipeline.sharding import in_shard, parse_shard, writer_id
 from cropi.projection import ProjectionSpec, make_projector
 from cropi.store import CheckpointRef, GradientStore, TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
+from cropi.utils.hashing import SPACED, short_hash
 
 
 class GradientJob(BaseModel):
     """Everything the gradients job needs; the CLI, Ray and the service all build one."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    model: str
-    trajectories: str
-    store: str
-    split: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.-]+$", description="checkpoint name; default: model folder name")
-    spec: ProjectionSpec = ProjectionSpec()
+    model: str = Field(min_length=1, description="checkpoint to score (Hugging Face folder)")
+    trajectories: str = Field(min_length=1, description="trajectory store made by `cropi collect`")
+    store: str = Field(min_length=1, description="gradient store directory or pyarrow URI")
+    split: str = Field(pattern=NAME_PATTERN, description="name of this prompt set in the store (pool, gsm8k, ...)")
+    name: Optional[str] = Field(None, pattern=NAME_PATTERN, description="checkpoint name; default: model folder name")
+    projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
     loss: LossOptions = LossOptions()
-    shard: tuple[int, int] = (0, 1)
-    dtype: Literal["float16", "float32"] = "float16"
-    device: str = "auto"
-    rows_per_shard: int = Field(64, gt=0)
+    shard: tuple[int, int] = Field((0, 1), description="(i, n): this worker's share of the prompts")
+    gradient_dtype: Literal[VECTOR_DTYPES] = Field("float16", description="stored vector dtype",
+                                                   validation_alias=AliasChoices("gradient_dtype", "dtype"))
+    device: str = Field("auto", description="torch device ('auto': cuda when present)")
+    rows_per_shard: int = Field(64, gt=0, description="prompts per committed shard")
 
     @property
     def checkpoint_name(self) -> str:
@@ -47,11 +49,11 @@ class GradientJob(BaseModel):
 
 
 def open_split(job: GradientJob, projector, trajectories: TrajectoryStore, fingerprint: str):
-    spec = job.spec.model_dump() | {"spec_id": job.spec.spec_id}
+    spec = job.projection.model_dump() | {"spec_id": job.projection.spec_id}
     extra = {"loss": job.loss.model_dump(), "trajectories": _identity_hash(trajectories.identity),
              "n_kept": projector.n_kept, "n_coords": projector.n_coords}
     return GradientStore(job.store).split(CheckpointRef(name=job.checkpoint_name, fingerprint=fingerprint),
-                                          spec, job.split, dim=projector.out_dim, dtype=job.dtype, extra=extra)
+                                          spec, job.split, dim=projector.out_dim, dtype=job.gradient_dtype, extra=extra)
 
 
 def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dict:
@@ -62,7 +64,7 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
     check_tokenizer_matches(trajectories.identity, load_tokenizer(job.model), job.model)
     device = _device(job.device)
     model = load_causal_lm(job.model, device=device)
-    projector = make_projector(job.spec, {n: tuple(p.shape) for n, p in model.named_parameters()}, device=device)
+    projector = make_projector(job.projection, {n: tuple(p.shape) for n, p in model.named_parameters()}, device=device)
     split = open_split(job, projector, trajectories, model_fingerprint(job.model))
     done = split.committed_prompt_ids()
     mine = sorted(p for p in trajectories.committed_prompt_ids() if in_shard(p, shard))
@@ -75,11 +77,10 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
         for n, traj in enumerate(trajectories.iter_prompts(todo), start=1):
             check_token_ids_fit(traj, model.config.vocab_size)
             res = computer.compute(traj)
-            writer.append(res.prompt_id, res.vector, res.raw_norm, res.n_responses, res.reward_mean,
-                          res.reward_std, res.n_tokens, res.status)
+            writer.write(res)
             counts[res.status] = counts.get(res.status, 0) + 1
             progress(stage, len(mine) - len(todo) + n, len(mine))
-    return {"split": job.split, "checkpoint": job.checkpoint_name, "spec_id": job.spec.spec_id,
+    return {"split": job.split, "checkpoint": job.checkpoint_name, "spec_id": job.projection.spec_id,
             "computed": counts, "skipped": len(mine) - len(todo), "total": len(mine)}
 
 
@@ -90,4 +91,4 @@ def _device(name: str) -> str:
 
 
 def _identity_hash(identity: dict) -> str:
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return short_hash(identity, separators=SPACED)  # spaced: the hash already in stores' identities

@@ -9,18 +9,44 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import Literal, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow.fs import FileSelector, FileType
 
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from cropi.contracts import NAME_PATTERN, POOL, RANKING_META_KEY, SELECTED
 from cropi.errors import InvalidInputError, NotFoundError
 from cropi.scoring import Ranking, rank_pool
 from cropi.store import GradientStore
 from cropi.store import rankings
 from cropi.utils.fsio import atomic_write_bytes, resolve
 
-META_KEY = b"cropi.ranking"
+META_KEY = RANKING_META_KEY
+
+
+class RankRequest(BaseModel):
+    """Rank a stored pool split against stored validation splits (``cropi rank``)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    store: str = Field(min_length=1, description="gradient store directory or pyarrow URI")
+    name: str = Field(pattern=NAME_PATTERN, description="checkpoint name")
+    pool: str = Field(POOL, pattern=NAME_PATTERN, description="pool split")
+    validation: list[str] = Field(min_length=1, description="validation splits, comma separated")
+    fusion: Literal["rrf", "max"] = Field("rrf", description="how validation sets' ranks are fused")
+    select_fraction: float = Field(0.1, gt=0, le=1, description="fraction of the pool selected",
+                                   validation_alias=AliasChoices("select_fraction", "top_fraction"))
+    spec_id: Optional[str] = Field(None, description="projection spec id, when the checkpoint has several")
+    max_validation: int = Field(100, gt=0, description="validation prompts averaged per set")
+    seed: int = Field(0, ge=0, description="seed of the validation subsample")
+
+    def run(self) -> "RankingResult":
+        return rank(self.store, self.name, self.pool, self.validation, fusion=self.fusion,
+                    top_fraction=self.select_fraction, spec_id=self.spec_id, max_validation=self.max_validation,
+                    seed=self.seed)
 
 
 @dataclass
@@ -67,7 +93,7 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
                         fusion=fusion, max_validation=max_validation, seed=seed)
     selected = set(ranking.select(top_fraction=top_fraction)) if top_fraction else set()
     table = ranking.to_table()
-    table = table.append_column("selected", pa.array([p in selected for p in table["prompt_id"].to_pylist()]))
+    table = table.append_column(SELECTED, pa.array([p in selected for p in table["prompt_id"].to_pylist()]))
     meta = ranking.meta | {"checkpoint": name, "spec_id": spec_id, "pool": pool, "validation": validation,
                            "top_fraction": top_fraction, "excluded": ranking.excluded,
                            "checkpoint_fingerprint": pool_t.checkpoint.fingerprint, "created": time.time()}

@@ -1,13 +1,14 @@
 """Sharded Arrow/Parquet stores with manifests: trajectories and projected gradients."""
 
 from cropi.store.gradient_table import GradientTable
-from cropi.store.gradients import (GRADIENT_STATUSES, CheckpointRef, GradientSplit, GradientStore,
-                                   GradientWriter, gradient_schema)
+from cropi.store.gradient_writer import GradientWriter
+from cropi.store.gradients import GradientSplit, GradientStore
 from cropi.store.sharded import ShardedDataset, ShardWriter
 from cropi.store.trajectories import TRAJECTORY_SCHEMA, PromptTrajectories, TrajectoryStore, TrajectoryWriter
+from cropi.store.types import GRADIENT_STATUSES, CheckpointRef, GradientRecord, gradient_schema
 
 __all__ = [
-    "GRADIENT_STATUSES", "TRAJECTORY_SCHEMA", "CheckpointRef", "GradientSplit", "GradientStore",
+    "GRADIENT_STATUSES", "TRAJECTORY_SCHEMA", "CheckpointRef", "GradientRecord", "GradientSplit", "GradientStore",
     "GradientTable", "GradientWriter", "PromptTrajectories", "ShardWriter", "ShardedDataset",
     "TrajectoryStore", "TrajectoryWriter", "gradient_schema",
 ]

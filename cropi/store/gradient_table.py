@@ -10,11 +10,11 @@ import pyarrow as pa
 
 from cropi.errors import MismatchError, NotFoundError
 
-if TYPE_CHECKING:  # only for annotations: gradients.py imports this module
-    from cropi.store.gradients import CheckpointRef
+from cropi.contracts import GRADIENT_META_COLUMNS as META_COLUMNS
+from cropi.contracts import GRADIENT_STATUSES
 
-GRADIENT_STATUSES = ("ok", "zero_advantage", "nonfinite", "truncated")
-META_COLUMNS = ("raw_norm", "n_responses", "reward_mean", "reward_std", "n_tokens", "status")
+if TYPE_CHECKING:
+    from cropi.store.types import CheckpointRef
 
 
 def vectors_from_arrow(column: pa.ChunkedArray, dim: int, dtype: str) -> np.ndarray:

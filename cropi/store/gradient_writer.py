@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow as pa
 
 from cropi.errors import InvalidInputError
-from cropi.store.gradient_table import GRADIENT_STATUSES
+from cropi.store.types import GRADIENT_STATUSES, GradientRecord
 
-if TYPE_CHECKING:  # annotations only: gradients.py imports this module
+if TYPE_CHECKING:  # annotations only: the writer is handed its split, never imports the facade
     from cropi.store.gradients import GradientSplit
 
 log = logging.getLogger(__name__)
@@ -30,9 +30,13 @@ class GradientWriter:
         self._rows: list[dict] = []
         self._closed = False
 
+    def write(self, record: GradientRecord) -> None:
+        """Buffer one prompt's gradient; commits a shard when the buffer is full."""
+        self.append(**vars(record))
+
     def append(self, prompt_id: str, vector: np.ndarray, raw_norm: float, n_responses: int,
                reward_mean: float, reward_std: float, n_tokens: int, status: str) -> None:
-        """Buffer one prompt's gradient; commits a shard when the buffer is full."""
+        """``write`` with the record's fields as arguments."""
         if self._closed:
             raise InvalidInputError("this gradient writer is closed; open a new one with split.writer(...)")
         if not isinstance(prompt_id, str) or not prompt_id:

@@ -8,47 +8,17 @@ set), so gradients computed under other settings are never mixed in.
 
 from __future__ import annotations
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.fs as pafs
-from pydantic import BaseModel, ConfigDict
 
 from cropi.errors import InvalidInputError, MismatchError, NotFoundError
-from cropi.store.gradient_table import GRADIENT_STATUSES, GradientTable
+from cropi.store.gradient_table import GradientTable
 from cropi.store.gradient_writer import GradientWriter
 from cropi.store.sharded import ShardedDataset, check_name
+from cropi.store.types import DTYPES, GRADIENT_STATUSES, CheckpointRef, GradientRecord, gradient_schema
 from cropi.utils.fsio import file_exists, resolve
 
-DTYPES = ("float16", "float32")
-__all__ = ["GRADIENT_STATUSES", "CheckpointRef", "GradientSplit", "GradientStore", "GradientWriter",
-           "gradient_schema"]
-
-
-class CheckpointRef(BaseModel):
-    """A checkpoint by name (its directory in the store) and content fingerprint."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    fingerprint: str
-
-
-def gradient_schema(dim: int, dtype: str = "float16") -> pa.Schema:
-    """Schema of a projected-gradient shard with ``dim``-long vectors of ``dtype``."""
-    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
-        raise InvalidInputError(f"vector dim must be a positive integer, got {dim!r}")
-    if dtype not in DTYPES:
-        raise InvalidInputError(f"vector dtype {dtype!r} is not one of {DTYPES}")
-    return pa.schema([
-        pa.field("prompt_id", pa.string(), nullable=False),
-        pa.field("vector", pa.list_(pa.from_numpy_dtype(np.dtype(dtype)), int(dim)), nullable=False),
-        pa.field("raw_norm", pa.float64(), nullable=False),
-        pa.field("n_responses", pa.int32(), nullable=False),
-        pa.field("reward_mean", pa.float64(), nullable=False),
-        pa.field("reward_std", pa.float64(), nullable=False),
-        pa.field("n_tokens", pa.int64(), nullable=False),
-        pa.field("status", pa.string(), nullable=False),
-    ])
+__all__ = ["DTYPES", "GRADIENT_STATUSES", "CheckpointRef", "GradientRecord", "GradientSplit", "GradientStore",
+           "GradientWriter", "gradient_schema"]
 
 
 class GradientStore:

@@ -26,8 +26,25 @@ sign-extended bits of an arithmetic shift.
 from __future__ import annotations
 
 import hashlib
+import json
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a function needs it: short_hash must stay torch-free
+    import torch
+
+# json.dumps' own separators: hashes written into stores before short_hash existed used them.
+SPACED = (", ", ": ")
+COMPACT = (",", ":")
+
+
+def short_hash(obj: Any, *, separators: tuple[str, str] = COMPACT, ensure_ascii: bool = True) -> str:
+    """First 16 hex digits of sha256 over ``obj`` as sorted-key JSON (non-JSON values as ``str``).
+
+    The one short content hash of cropi (resume keys, trajectory-store keys, identity
+    hashes). ``separators`` and ``ensure_ascii`` exist only to reproduce hashes already on disk.
+    """
+    blob = json.dumps(obj, sort_keys=True, separators=separators, ensure_ascii=ensure_ascii, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 MASK64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
@@ -50,6 +67,8 @@ def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
 
 def mix64_(z: torch.Tensor) -> torch.Tensor:
     """SplitMix64's finalizer on an int64 tensor, in place (returns ``z``)."""
+    import torch
+
     t = torch.empty_like(z)
     for shift, mul in ((30, _MUL1), (27, _MUL2), (31, None)):
         torch.bitwise_right_shift(z, shift, out=t)
@@ -61,6 +80,8 @@ def mix64_(z: torch.Tensor) -> torch.Tensor:
 
 def splitmix64(x: torch.Tensor) -> torch.Tensor:
     """``mix(x + GAMMA)`` elementwise on an int64 tensor; returns a new tensor."""
+    import torch
+
     if x.dtype != torch.int64:
         raise TypeError(f"splitmix64 needs an int64 tensor, got {x.dtype}")
     return mix64_(x + to_signed(GAMMA))
@@ -95,6 +116,8 @@ def coord_hash(key: int, idx: torch.Tensor, stream: int) -> torch.Tensor:
     ``idx`` is an int64 tensor of non-negative indices on any device; the
     result has its shape and device and identical bits everywhere.
     """
+    import torch
+
     if idx.dtype != torch.int64:
         raise TypeError(f"coord_hash needs int64 indices, got {idx.dtype}")
     base = to_signed(stream_key(key, stream) + GAMMA)  # splitmix64's own increment folded in
@@ -107,6 +130,8 @@ def coord_hash_grid(key: int, idx: torch.Tensor, width: int, stream: int) -> tor
     Computed as one broadcast add of a per-index and a per-column term, which
     saves passes over the grid (dense projections hash k entries per coordinate).
     """
+    import torch
+
     if idx.dtype != torch.int64 or idx.dim() != 1:
         raise TypeError(f"coord_hash_grid needs 1-d int64 indices, got {idx.dtype} with shape {tuple(idx.shape)}")
     base = to_signed(stream_key(key, stream) + GAMMA)
@@ -127,4 +152,6 @@ def bit_field(h: torch.Tensor, shift: int, n: int) -> torch.Tensor:
 
 def to_unit_float(h: torch.Tensor) -> torch.Tensor:
     """float32 in [0, 1) from the top 24 bits of each hash (exact: m / 2**24)."""
+    import torch
+
     return top_bits(h, 24).to(torch.float32) * (2.0**-24)

@@ -1,0 +1,37 @@
+"""The shared vocabulary of cropi's data contracts, spelled once (see DESIGN.md).
+
+The lowest layer: imports nothing of cropi, so every layer (store, scoring,
+pipeline, the service) can use it. Collection defaults live with the options
+models that own them (cropi/generation/options.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+POOL = "pool"  # the split name of the prompt pool being ranked; validation sets take any other name
+SCORE_PREFIX = "score:"  # ranking column per validation set: ``score:<set name>``
+SELECTED = "selected"  # ranking column: in the selected top fraction
+RANKING_META_KEY = b"cropi.ranking"  # Parquet schema-metadata key of a stored ranking's meta
+
+# Names that become file or directory names (splits, checkpoints, curricula): letters, digits,
+# '_', '.', '-', not starting with '.' or '-' (so never '.', '..' or an option-like name).
+NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
+NAME_HELP = "1-128 letters, digits, '_', '.' or '-', not starting with '.' or '-'"
+
+# One projected-gradient row: the vector plus these metadata columns.
+GRADIENT_STATUSES = ("ok", "zero_advantage", "nonfinite", "truncated")
+GRADIENT_META_COLUMNS = ("raw_norm", "n_responses", "reward_mean", "reward_std", "n_tokens", "status")
+VECTOR_DTYPES = ("float16", "float32")
+
+BACKENDS = ("vllm", "hf")
+FUSIONS = ("rrf", "max")
+
+
+def is_name(value: object) -> bool:
+    """Whether ``value`` is a valid split / checkpoint / curriculum name."""
+    return isinstance(value, str) and re.fullmatch(NAME_PATTERN, value) is not None
+
+
+def score_column(validation_set: str) -> str:
+    return f"{SCORE_PREFIX}{validation_set}"

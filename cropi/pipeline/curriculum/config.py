@@ -1,0 +1,146 @@
+"""A curriculum's config: the closed schema, reading it from a file, and the resume key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from cropi.contracts import NAME_HELP, POOL, is_name
+from cropi.errors import InvalidInputError
+from cropi.generation import CollectOptions
+from cropi.gradients import LossOptions
+from cropi.pipeline.score import ScoreRequest
+from cropi.projection import ProjectionSpec
+from cropi.utils.hashing import short_hash
+
+METHODS = ("cropi", "full", "random", "pass_rate", "oracle")
+MAX_STAGES = 1000
+_REQUEST = ScoreRequest.model_fields  # the scoring settings share the score step's defaults and bounds
+
+
+class CurriculumConfigError(InvalidInputError):
+    """A curriculum config that cannot run (a bad file, a missing validation set)."""
+
+
+class CurriculumConfig(BaseModel):
+    """One staged curriculum. ``fraction`` and ``spec`` are accepted for ``select_fraction`` and ``projection``.
+
+    ``reward`` is the curriculum's one reward: trajectories are collected and the trainer
+    trains with it (``collect.reward`` is set from it).
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(description="the curriculum's folder under <root>/curricula")
+    model: str = Field(min_length=1, description="initial checkpoint (Hugging Face folder)")
+    pool: str = Field(min_length=1, description="prompt pool file (jsonl, parquet, verl parquet)")
+    validation: dict[str, str] = Field(default_factory=dict, description="validation split name -> prompt file")
+    stages: int = Field(3, ge=1, le=MAX_STAGES)
+    select_fraction: float = Field(0.1, gt=0, le=1, validation_alias=AliasChoices("select_fraction", "fraction",
+                                                                                  "top_fraction"))
+    steps_per_stage: int = Field(10, ge=1)
+    method: Literal["cropi", "full", "random", "pass_rate", "oracle"] = "cropi"
+    trainer: str = "trl"
+    trainer_options: dict[str, Any] = Field(default_factory=dict)
+    seed: int = Field(0, ge=0)
+    reward: str = CollectOptions.model_fields["reward"]
+    collect: CollectOptions = CollectOptions()
+    recollect_each_stage: bool = False
+    projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
+    loss: LossOptions = LossOptions()
+    fusion: Literal["rrf", "max"] = _REQUEST["fusion"]
+    max_validation: int = _REQUEST["max_validation"]
+    gradient_dtype: Literal["float16", "float32"] = Field(
+        "float16", description="stored vector dtype", validation_alias=AliasChoices("gradient_dtype", "dtype"))
+    device: str = _REQUEST["device"]
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not is_name(v):
+            raise ValueError(f"curriculum name {v!r} must be {NAME_HELP}")
+        return v
+
+    @field_validator("validation")
+    @classmethod
+    def _split_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if name == POOL or not is_name(name):
+                raise ValueError(f"validation split name {name!r} must be {NAME_HELP} and not {POOL!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "CurriculumConfig":
+        if self.method == "cropi" and not self.validation:
+            raise ValueError("method 'cropi' ranks the pool against validation sets: give at least one "
+                             "under 'validation' (split name -> prompt file)")
+        if self.collect.reward != self.reward:  # one reward: collection follows the curriculum's
+            object.__setattr__(self, "collect", self.collect.model_copy(update={"reward": self.reward}))
+        return self
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "CurriculumConfig":
+        """Load a YAML (.yaml/.yml) or JSON file; relative paths in it are taken from the file's folder."""
+        path = Path(path)
+        if not path.is_file():
+            raise CurriculumConfigError(f"curriculum config {path} does not exist")
+        text = path.read_text()
+        try:
+            if path.suffix in (".yaml", ".yml"):
+                import yaml
+
+                data = yaml.safe_load(text)
+            else:
+                data = json.loads(text)
+        except Exception as e:  # yaml and json raise different types; the message is what matters
+            raise CurriculumConfigError(f"cannot parse {path}: {e}") from None
+        if not isinstance(data, dict):
+            raise CurriculumConfigError(f"{path} must hold a mapping of config fields, got {type(data).__name__}")
+        return cls.parse(_resolve_paths(data, path.parent))
+
+    @classmethod
+    def parse(cls, data: dict) -> "CurriculumConfig":
+        """``model_validate`` with pydantic's errors as one readable ``CurriculumConfigError``."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
+                                 for err in e.errors())
+            raise CurriculumConfigError(f"bad curriculum config: {problems}") from None
+
+    def resume_key(self) -> str:
+        """Hash of everything a resumed run must keep (all but ``stages``).
+
+        Taken over the config as state.json version 1 spelled it (``collect.backend_options``,
+        no ``collect.reward``), so curricula started before the options were unified resume.
+        """
+        doc = self.model_dump(mode="json", exclude={"stages"})
+        collect = doc["collect"]
+        collect.pop("reward")
+        collect["backend_options"] = {k: v for k, v in collect.pop("engine").items() if v is not None}
+        return short_hash(doc)
+
+    def score_request(self, model: str, behavior: str) -> ScoreRequest:
+        """The score step's request for ``model`` over ``behavior``'s trajectories: the pool, and
+        for CROPI the validation sets (the pass-rate baseline needs the pool's trajectories only)."""
+        validation = self.validation if self.method == "cropi" else {}
+        return ScoreRequest(model=model, behavior=behavior, pool=self.pool, validation=validation, projection=self.projection, loss=self.loss, collect=self.collect,
+                            fusion=self.fusion, select_fraction=self.select_fraction,
+                            max_validation=self.max_validation, seed=self.seed, gradient_dtype=self.gradient_dtype,
+                            device=self.device)
+
+
+def _resolve_paths(data: dict, base: Path) -> dict:
+    def fix(p: Any) -> Any:
+        return str((base / p).resolve()) if isinstance(p, str) and "://" not in p and not Path(p).is_absolute() else p
+
+    data = dict(data)
+    for key in ("model", "pool"):
+        if key in data:
+            data[key] = fix(data[key])
+    if isinstance(data.get("validation"), dict):
+        data["validation"] = {k: fix(v) for k, v in data["validation"].items()}
+    return data

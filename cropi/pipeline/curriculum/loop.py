@@ -1,0 +1,64 @@
+"""The curriculum job: score, select, train, repeat, one stage at a time, resumable.
+
+A rerun resumes at stage granularity: finished steps are not redone, a stage whose
+training was interrupted is trained again from its start, and a stage scored but not
+yet selected is scored again (its gradients are stored, so that is only the ranking)
+so the selection comes from the ranking just computed, never from a file read back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cropi.data import PromptRecord, load_prompts
+from cropi.pipeline.curriculum import steps
+from cropi.pipeline.curriculum.config import CurriculumConfig
+from cropi.pipeline.curriculum.state import CurriculumConflictError, CurriculumPaths, StageState, summary
+from cropi.pipeline.progress import Progress, report
+from cropi.trainers import make_trainer
+from cropi.utils.fingerprint import model_fingerprint
+
+
+def run_curriculum(config: CurriculumConfig, *, root: str | Path, progress: Progress | None = None) -> dict:
+    """Run (or resume) the curriculum under ``root``; returns its stages (see ``summary``)."""
+    progress = report(progress)
+    paths = CurriculumPaths(root, config.name)
+    state = StageState.open(paths, config)
+    trainer = make_trainer(config.trainer, **config.trainer_options)  # bad options fail before any work
+    pool = {r.prompt_id: r for r in load_prompts(config.pool)}
+    _pin_initial_model(state, config)
+    state.doc["finished"] = False
+    state.save()
+    for m in range(config.stages):
+        progress(f"curriculum {config.name}", m, config.stages)
+        if "trained" not in state.stage(m):
+            _run_stage(config, paths, state, m, pool, trainer, _stage_progress(progress, config.name, m))
+    progress(f"curriculum {config.name}", config.stages, config.stages)
+    state.doc["finished"] = True
+    state.save()
+    return summary(state.doc, config.stages)
+
+
+def _run_stage(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m: int,
+               pool: dict[str, PromptRecord], trainer, progress: Progress) -> None:
+    stage = state.stage(m)
+    model = state.stage_model(m)
+    if "selected" not in stage:
+        scored = steps.score(config, paths, m, model, progress)
+        if "scored" not in stage:
+            state.finish(m, "scored", scored.record)
+        state.finish(m, "selected", steps.select(config, paths, m, pool, scored.chosen))
+    state.finish(m, "trained", steps.train(config, paths, m, model, stage["selected"]["subset"], trainer))
+    steps.write_metrics(paths, m, stage)
+
+
+def _pin_initial_model(state: StageState, config: CurriculumConfig) -> None:
+    initial = {"path": str(Path(config.model).resolve()), "fingerprint": model_fingerprint(config.model)}
+    if state.doc.setdefault("initial_model", initial)["fingerprint"] != initial["fingerprint"]:
+        raise CurriculumConflictError(f"the initial model {config.model} changed since curriculum {config.name!r} "
+                                      f"started (fingerprint {state.doc['initial_model']['fingerprint']}, now "
+                                      f"{initial['fingerprint']}); restore it or start a new curriculum")
+
+
+def _stage_progress(progress: Progress, name: str, m: int) -> Progress:
+    return lambda what, done, total: progress(f"{name} stage {m}: {what}", done, total)

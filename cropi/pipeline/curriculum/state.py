@@ -1,0 +1,97 @@
+"""Where a curriculum's files go and its ``state.json``: progress, written atomically after every step."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from cropi.errors import ConflictError
+from cropi.pipeline.curriculum.config import CurriculumConfig
+from cropi.utils.fsio import read_json, resolve, write_json_atomic
+
+STATE_VERSION = 1
+
+
+class CurriculumConflictError(ConflictError):
+    """A curriculum of this name exists under the root with another config."""
+
+
+class CurriculumPaths:
+    """Where a curriculum's files go under ``root``."""
+
+    def __init__(self, root: str | Path, name: str):
+        self.root = Path(root).resolve()
+        self.dir = self.root / "curricula" / name
+        self.state = self.dir / "state.json"
+        self.store = str(self.root / "store")
+
+    def stage(self, m: int) -> Path:
+        return self.dir / f"stage-{m}"
+
+
+class StageState:
+    """``state.json``: the config it belongs to and, per stage, the finished steps."""
+
+    def __init__(self, paths: CurriculumPaths, doc: dict):
+        self.paths = paths
+        self.doc = doc
+
+    @classmethod
+    def open(cls, paths: CurriculumPaths, config: CurriculumConfig) -> "StageState":
+        """The stored state, or a fresh one; refuses a state made under another config."""
+        if paths.state.is_file():
+            fs, path = resolve(str(paths.state))
+            doc = read_json(fs, path)
+            if doc.get("resume_key") != config.resume_key():
+                raise CurriculumConflictError(
+                    f"curriculum {config.name!r} under {paths.root} was started with another config "
+                    f"(see {paths.state}); rerun it with that config (only 'stages' may grow), pick another "
+                    "name, or delete its folder to start over")
+            doc["config"] = config.model_dump(mode="json")
+            return cls(paths, doc)
+        now = time.time()
+        return cls(paths, {"version": STATE_VERSION, "name": config.name, "resume_key": config.resume_key(),
+                           "config": config.model_dump(mode="json"), "created": now, "stages": []})
+
+    def stage(self, m: int) -> dict:
+        while len(self.doc["stages"]) <= m:
+            self.doc["stages"].append({"index": len(self.doc["stages"])})
+        return self.doc["stages"][m]
+
+    def finish(self, m: int, step: str, record: dict) -> None:
+        """Mark ``step`` of stage ``m`` done with its ``record``, and save atomically."""
+        self.stage(m)[step] = {**record, "at": time.time()}
+        self.save()
+
+    def save(self) -> None:
+        self.doc["updated"] = time.time()
+        self.paths.dir.mkdir(parents=True, exist_ok=True)
+        fs, path = resolve(str(self.paths.state))
+        write_json_atomic(fs, path, self.doc)
+
+    def stage_model(self, m: int) -> str:
+        """``theta_m``: the initial model at stage 0, else the checkpoint stage ``m - 1`` trained."""
+        if m == 0:
+            return self.doc["initial_model"]["path"]
+        return self.stage(m - 1)["trained"]["checkpoint"]
+
+
+def load_state(root: str | Path, name: str) -> dict:
+    """The stored state of a curriculum (raises NotFoundError when there is none)."""
+    fs, path = resolve(str(CurriculumPaths(root, name).state))
+    return read_json(fs, path)
+
+
+def summary(doc: dict, stages: int | None = None) -> dict:
+    """The job result: per stage its subset, size, checkpoint and metrics (the service lists these)."""
+    rows = []
+    for s in doc["stages"][:stages]:
+        selected, trained = s.get("selected", {}), s.get("trained", {})
+        rows.append({"index": s["index"], "model": s.get("scored", {}).get("model"),
+                     "ranking": s.get("scored", {}).get("ranking"), "subset": selected.get("subset"),
+                     "n_prompts": selected.get("n_prompts"), "checkpoint": trained.get("checkpoint"),
+                     "steps_done": trained.get("steps_done"), "global_step": trained.get("global_step"),
+                     "metrics": trained.get("metrics", {}), "metrics_path": trained.get("metrics_path")})
+    done = [r for r in rows if r["checkpoint"]]
+    return {"name": doc["name"], "method": doc["config"]["method"], "finished": bool(doc.get("finished")),
+            "stages": rows, "final_checkpoint": done[-1]["checkpoint"] if done else None}

@@ -1,1 +1,0 @@
-"""Runnable jobs a scheduler launches: thin doors over cropi.pipeline."""
