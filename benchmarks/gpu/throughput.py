@@ -35,8 +35,9 @@ RESPONSES, RESPONSE_TOKENS, PROMPT_TOKENS, KEPT_FRACTION = 8, 512, 128, 0.1
 GOAL_RATIO, GOAL_SECONDS = 1.3, 0.5
 
 
-# --smoke: the same code on a 2-layer model of that width, on CPU (checks the script, measures nothing).
-SMOKE = dict(QWEN25_15B, num_hidden_layers=2, vocab_size=4096)
+# --smoke: the same code on a tiny model of that family, on CPU (checks the script, measures nothing).
+SMOKE = dict(QWEN25_15B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=1024)
 
 
 def build_model(device: torch.device, shape: dict):
