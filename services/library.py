@@ -20,6 +20,8 @@ import pyarrow as pa
 
 from cropi.errors import InvalidInputError, NotFoundError
 from services.errors import PipelineUnavailableError
+from services.models import Projection
+from services.options import curriculum_config, scoring_request, spec_id
 
 POOL_SPLIT = "pool"  # the store split name run_scoring gives the pool
 
@@ -57,11 +59,7 @@ class Library(Protocol):
 
     def count_prompts(self, path: str) -> int: ...
 
-    def projection_spec_id(self, projection: dict[str, Any] | None) -> str: ...
-
-    def scoring_params(self, *, name: str, model: str, pool: str, validation: dict[str, str],
-                       trajectories: dict[str, str] | None, projection: dict[str, Any] | None,
-                       options: dict[str, Any] | None) -> dict[str, Any]: ...
+    def projection_spec_id(self, projection: Projection | None) -> str: ...
 
     def ranking_version(self, name: str, spec_id: str) -> Hashable | None: ...
 
@@ -70,10 +68,6 @@ class Library(Protocol):
     def gradients_version(self, name: str, spec_id: str, split: str) -> Hashable | None: ...
 
     def gradients(self, name: str, spec_id: str, split: str) -> GradientData: ...
-
-    def curriculum_params(self, *, name: str, model: str, pool: str, validation: dict[str, str], stages: int,
-                          fraction: float, projection: dict[str, Any] | None,
-                          options: dict[str, Any] | None) -> dict[str, Any]: ...
 
     def curriculum_stages(self, name: str, result: dict[str, Any] | None) -> list[StageData]: ...
 
@@ -97,9 +91,9 @@ def store_of(root: str | os.PathLike) -> str:
 
 def scoring_job(params: dict[str, Any], *, root: str, progress: Callable[[str, int, int], None]) -> dict[str, Any]:
     """Run (or resume) a checkpoint's scoring; adds ``prompts_scored`` and ``spec_id`` to the result."""
-    ScoringRequest, run_scoring = _import("cropi.pipeline.scoring", "ScoringRequest", "run_scoring")
+    (run_scoring,) = _import("cropi.pipeline.scoring", "run_scoring")
     (load_ranking,) = _import("cropi.pipeline.rank", "load_ranking")
-    request = ScoringRequest.model_validate(params)
+    request = scoring_request(params)
     result = run_scoring(request, root=root, progress=progress) or {}
     spec_id = request.spec.spec_id if request.spec is not None else None
     ranking = load_ranking(store_of(root), request.name, pool=POOL_SPLIT, spec_id=spec_id)
@@ -109,8 +103,8 @@ def scoring_job(params: dict[str, Any], *, root: str, progress: Callable[[str, i
 
 def curriculum_job(params: dict[str, Any], *, root: str, progress: Callable[[str, int, int], None]) -> dict[str, Any]:
     """Run (or resume) a staged curriculum."""
-    CurriculumConfig, run_curriculum = _import("cropi.pipeline.curriculum", "CurriculumConfig", "run_curriculum")
-    config = CurriculumConfig.model_validate(params)
+    (run_curriculum,) = _import("cropi.pipeline.curriculum", "run_curriculum")
+    config = curriculum_config(params)
     return _jsonable(run_curriculum(config, root=root, progress=progress) or {})
 
 
@@ -142,18 +136,8 @@ class CropiLibrary:
         (load_prompts,) = _import("cropi.data.prompts", "load_prompts")
         return len(load_prompts(path))
 
-    def projection_spec_id(self, projection: dict[str, Any] | None) -> str:
-        (ProjectionSpec,) = _import("cropi.projection", "ProjectionSpec")
-        return ProjectionSpec.model_validate(projection or {}).spec_id
-
-    def scoring_params(self, *, name, model, pool, validation, trajectories, projection, options) -> dict[str, Any]:
-        ScoringRequest, _ = _import("cropi.pipeline.scoring", "ScoringRequest", "run_scoring")
-        (ProjectionSpec,) = _import("cropi.projection", "ProjectionSpec")
-        fields = {**(options or {}), "name": name, "model": model, "pool": pool, "validation": validation,
-                  "trajectories": trajectories,
-                  # always a concrete spec, so the service knows the spec_id before the job runs
-                  "spec": ProjectionSpec.model_validate(projection or {})}
-        return ScoringRequest.model_validate(fields).model_dump(mode="json")
+    def projection_spec_id(self, projection: Projection | None) -> str:
+        return spec_id(projection)
 
     def ranking_version(self, name: str, spec_id: str) -> Hashable | None:
         (ranking_path,) = _import("cropi.pipeline.rank", "ranking_path")
@@ -175,14 +159,6 @@ class CropiLibrary:
         t = GradientStore(self.store).open_split(name, spec_id, split).read()
         meta = {"checkpoint": name, "spec_id": spec_id, "split": split, "fingerprint": t.checkpoint.fingerprint}
         return GradientData(list(t.prompt_ids), t.vectors, dict(t.columns), meta)
-
-    def curriculum_params(self, *, name, model, pool, validation, stages, fraction, projection, options) -> dict:
-        CurriculumConfig, _ = _import("cropi.pipeline.curriculum", "CurriculumConfig", "run_curriculum")
-        fields = {**(options or {}), "name": name, "model": model, "pool": pool, "validation": validation,
-                  "stages": stages, "fraction": fraction}
-        if projection is not None:
-            fields["spec"] = projection
-        return CurriculumConfig.model_validate(fields).model_dump(mode="json")
 
     def curriculum_stages(self, name: str, result: dict[str, Any] | None) -> list[StageData]:
         """Stages from the finished job's result, or, while it runs, from the curriculum's stored state."""

@@ -18,6 +18,7 @@ from services.cache import VersionedCache
 from services.errors import NotReadyError, UnknownIdError
 from services.jobs import Job, JobStore
 from services.library import POOL_SPLIT, Library
+from services.options import CurriculumParams, ScoringParams
 from services.paths import confine
 from services.registry import CheckpointRow, CurriculumRow, DatasetRow, Registry, new_id
 from services.runner import Runner
@@ -95,9 +96,9 @@ class Service:
                                         f"{sorted(set(splits))}")
             trajectories = {splits[k]: str(self.confine(v)) for k, v in body.trajectories.items()}
         spec_id = self.library.projection_spec_id(body.projection)
-        params = self.library.scoring_params(
-            name=body.name, model=str(model), pool=pool.path, validation={v.name: v.path for v in validation},
-            trajectories=trajectories, projection=body.projection, options=body.options)
+        params = ScoringParams(name=body.name, model=str(model), pool=pool.path,
+                               validation={v.name: v.path for v in validation}, trajectories=trajectories,
+                               projection=body.projection, options=body.options).model_dump(exclude_none=True)
         job = self.runner.submit("scoring", params, key=scoring_key(body.name, spec_id))
         row = CheckpointRow(new_id("ck"), body.name, str(model), pool.id, [v.id for v in validation], spec_id,
                             job.id, time.time())
@@ -164,9 +165,10 @@ class Service:
         if not model.is_dir():
             raise InvalidInputError(f"no model folder at {body.path!r} (resolved to {str(model)!r})")
         pool, validation = self._datasets(body.pool, body.validation)
-        params = self.library.curriculum_params(
-            name=body.name, model=str(model), pool=pool.path, validation={v.name: v.path for v in validation},
-            stages=body.stages, fraction=body.fraction, projection=body.projection, options=body.options)
+        params = CurriculumParams(name=body.name, model=str(model), pool=pool.path,
+                                  validation={v.name: v.path for v in validation}, stages=body.stages,
+                                  fraction=body.fraction, projection=body.projection,
+                                  options=body.options).model_dump(exclude_none=True)
         job = self.runner.submit("curriculum", params, key=f"curriculum:{body.name}")
         row = CurriculumRow(new_id("cur"), body.name, job.id, time.time())
         self.registry.add_curriculum(row)

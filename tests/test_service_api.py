@@ -73,13 +73,8 @@ class FakeLibrary:
         return len(text.splitlines())
 
     def projection_spec_id(self, projection):
-        spec = FakeSpec.model_validate(projection or {})
+        spec = FakeSpec.model_validate(projection.model_dump(exclude_none=True) if projection else {})
         return "spec-" + hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:8]
-
-    def scoring_params(self, *, name, model, pool, validation, trajectories, projection, options):
-        # the 'scoring' kind is wait_job: it finishes once the release file exists
-        return {"name": name, "release": str(self.release_dir / name), "timeout": 60,
-                "result": {"prompts_scored": self.pool_size}, "validation": validation, "trajectories": trajectories}
 
     def raw_ranking(self, name: str) -> dict[str, Any]:
         rng = np.random.default_rng(int(hashlib.sha256(name.encode()).hexdigest()[:8], 16))
@@ -130,9 +125,6 @@ class FakeLibrary:
     def gradients(self, name, spec_id, split) -> GradientData:
         self.gradient_loads += 1
         return self.raw_gradients(split)
-
-    def curriculum_params(self, *, name, model, pool, validation, stages, fraction, projection, options):
-        return {"name": name, "stages": stages}
 
     def curriculum_stages(self, name, result):
         return [StageData(s["index"], s["subset"], s["n_prompts"]) for s in (result or {}).get("stages", [])]
@@ -373,7 +365,7 @@ def test_invalid_requests_are_422_with_the_error_shape(env):
     r = env.post("/v1/datasets", content=b"{not json", headers={"content-type": "application/json"})
     assert_error(r, 422, "validation_error")
     assert_error(env.get("/v1/checkpoints/ck_x/ranking?limit=0"), 422, "validation_error")
-    # fields the library validates (the projection spec) come back the same way
+    # the projection spec is validated the same way
     r = env.checkpoint("c", projection={"dim": "many"})
     assert_error(r, 422, "validation_error")
     assert "dim" in r.json()["error"]["message"]

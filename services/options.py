@@ -1,0 +1,107 @@
+"""Job parameters: what a worker receives, and how they become the library's requests.
+
+The HTTP side stores a job's parameters as the closed, validated models of ``services.models``
+(dumped to JSON); the worker validates them again here (a row edited in the database is refused
+the same way) and builds the library's request field by field. This is the only place where a
+caller's choices reach the library: the model is always the registered checkpoint folder,
+engine arguments are the few ``Engine`` names, and trainer options are the closed per-trainer
+models. The library's defaults stay the library's: an option left out is not set here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import BaseModel, Field
+
+from services import models
+from services.models import Strict
+
+
+class ScoringParams(Strict):
+    """A scoring job: the registered paths (already confined) and the caller's closed options."""
+
+    name: str = Field(pattern=models.NAME_PATTERN)
+    model: str = Field(min_length=1, max_length=models.MAX_PATH)
+    pool: str = Field(min_length=1, max_length=models.MAX_PATH)
+    validation: dict[str, str] = Field(min_length=1, max_length=16)
+    trajectories: Optional[dict[str, str]] = None
+    projection: Optional[models.Projection] = None
+    options: Optional[models.ScoringOptions] = None
+
+
+class CurriculumParams(Strict):
+    name: str = Field(pattern=models.NAME_PATTERN)
+    model: str = Field(min_length=1, max_length=models.MAX_PATH)
+    pool: str = Field(min_length=1, max_length=models.MAX_PATH)
+    validation: dict[str, str] = Field(min_length=1, max_length=16)
+    stages: int = Field(ge=1, le=100)
+    fraction: float = Field(gt=0, le=1)
+    projection: Optional[models.Projection] = None
+    options: Optional[models.CurriculumOptions] = None
+
+
+def given(model: Optional[BaseModel]) -> dict[str, Any]:
+    """The fields a caller set (None: not set, so the library's default holds)."""
+    return model.model_dump(exclude_none=True) if model is not None else {}
+
+
+def projection_fields(projection: Optional[models.Projection]) -> dict[str, Any]:
+    return given(projection)
+
+
+def spec_id(projection: Optional[models.Projection]) -> str:
+    """The library's id of this projection spec."""
+    # cropi.projection imports torch: imported on the first checkpoint POST, not at server start-up
+    from cropi.projection import ProjectionSpec
+
+    return ProjectionSpec(**projection_fields(projection)).spec_id
+
+
+# the worker side: library requests
+
+def scoring_request(params: dict[str, Any]):
+    """The library's ``ScoringRequest`` for a scoring job's stored parameters."""
+    from cropi.pipeline.scoring import CollectOptions, ScoringRequest
+
+    p = ScoringParams.model_validate(params)
+    o = p.options or models.ScoringOptions()
+    fields: dict[str, Any] = {"name": p.name, "model": p.model, "pool": p.pool, "validation": p.validation,
+                              "trajectories": p.trajectories, "spec": projection_fields(p.projection),
+                              **given(o.model_copy(update={"collect": None, "loss": None}))}
+    if o.loss is not None:
+        fields["loss"] = given(o.loss)
+    c = o.collect or models.Collect()
+    defaults = CollectOptions()
+    backend = c.backend or defaults.backend
+    collect: dict[str, Any] = {"backend": backend, "backend_options": models.engine_arguments(backend, c.engine)}
+    if c.reward is not None:
+        collect["reward"] = c.reward
+    for split in ("pool", "validation"):
+        if getattr(c, split) is not None:
+            collect[split] = {**getattr(defaults, split).model_dump(), **given(getattr(c, split))}
+    fields["collect"] = collect
+    return ScoringRequest.model_validate(fields)
+
+
+def curriculum_config(params: dict[str, Any]):
+    """The library's ``CurriculumConfig`` for a curriculum job's stored parameters."""
+    from cropi.pipeline.curriculum import CollectOptions, CurriculumConfig
+
+    p = CurriculumParams.model_validate(params)
+    o = p.options or models.CurriculumOptions()
+    fields: dict[str, Any] = {"name": p.name, "model": p.model, "pool": p.pool, "validation": p.validation,
+                              "stages": p.stages, "select_fraction": p.fraction,
+                              "projection": projection_fields(p.projection),
+                              **given(o.model_copy(update={"collect": None, "loss": None, "trainer": None}))}
+    if o.loss is not None:
+        fields["loss"] = given(o.loss)
+    if o.trainer is not None:
+        options = given(o.trainer)
+        fields["trainer"] = options.pop("name")
+        fields["trainer_options"] = options
+    c = o.collect or models.CurriculumCollect()
+    backend = c.backend or CollectOptions().backend
+    fields["collect"] = {**given(c.model_copy(update={"engine": None})), "backend": backend,
+                         "backend_options": models.engine_arguments(backend, c.engine)}
+    return CurriculumConfig.model_validate(fields)
