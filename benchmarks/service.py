@@ -40,10 +40,10 @@ sys.path.insert(0, str(REPO))
 from cropi.pipeline.rank import rank  # noqa: E402
 from cropi.projection import ProjectionSpec  # noqa: E402
 from cropi.store import CheckpointRef, GradientStore  # noqa: E402
-from services.jobs import JobStore  # noqa: E402
-from services.registry import CheckpointRow, Registry, new_id  # noqa: E402
-from services.service import scoring_key  # noqa: E402
-from services.settings import ServiceSettings  # noqa: E402
+from services.jobs.table import JobStore  # noqa: E402
+from services.domain.registry import CheckpointRow, Registry, new_id  # noqa: E402
+from services.domain.service import scoring_key  # noqa: E402
+from services.entry.settings import ServiceSettings  # noqa: E402
 
 NAME = "bench"
 VALIDATION = ("gsm", "math")
@@ -73,7 +73,7 @@ def register(settings: ServiceSettings, spec_id: str) -> str:
     registry, jobs = Registry(settings.db_path), JobStore(settings.db_path)
     ids = [registry.add_dataset(n, f"/synthetic/{n}.jsonl", "validation", 100).id for n in VALIDATION]
     pool = registry.add_dataset("pool_set", "/synthetic/pool.jsonl", "pool", 0).id
-    job = jobs.create("scoring", "services.library:scoring_job", {"name": NAME},
+    job = jobs.create("scoring", "builtin", {"name": NAME},
                       key=scoring_key(NAME, spec_id))
     claimed = jobs.claim("benchmark", max_attempts=1)
     jobs.finish(job.id, claimed.attempts, "succeeded", result={"spec_id": spec_id})

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +31,14 @@ sys.path.insert(0, str(Path(__file__).parent))  # the worker processes import th
 import test_service_jobs  # noqa: E402
 
 from cropi.errors import InvalidInputError  # noqa: E402
-from services.app import create_app  # noqa: E402
-from services.cache import VersionedCache  # noqa: E402
-from services.cli import main as cli_main  # noqa: E402
-from services.errors import JobRunningError, PathOutsideRootsError, ServiceConfigError  # noqa: E402
-from services.jobs import JobStore  # noqa: E402
-from services.library import GradientData, RankingData, StageData  # noqa: E402
-from services.paths import confine  # noqa: E402
-from services.settings import ServiceSettings  # noqa: E402
+from services.api.app import create_app  # noqa: E402
+from services.domain.cache import VersionedCache  # noqa: E402
+from services.entry.cli import main as cli_main  # noqa: E402
+from services.domain.errors import JobRunningError, PathOutsideRootsError, ServiceConfigError  # noqa: E402
+from services.jobs.table import JobStore  # noqa: E402
+from cropi.pipeline.rank import RankingResult  # noqa: E402
+from services.domain.paths import confine  # noqa: E402
+from services.entry.settings import ServiceSettings  # noqa: E402
 
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -52,6 +53,31 @@ class FakeSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     dim: int = 16
     seed: int = 0
+
+
+@dataclass
+class FakeRanking:
+    """The fields of cropi's RankingResult the service reads."""
+    table: pa.Table
+    excluded: dict
+    meta: dict
+
+
+@dataclass
+class FakeCheckpoint:
+    name: str
+    fingerprint: str = "fp"
+
+
+@dataclass
+class FakeGradients:
+    """The fields of cropi's GradientTable the service reads."""
+    prompt_ids: list
+    vectors: np.ndarray
+    columns: dict
+    checkpoint: FakeCheckpoint
+    split: str
+    spec_id: str
 
 
 class FakeLibrary:
@@ -93,7 +119,7 @@ class FakeLibrary:
     def ranking_version(self, name, spec_id):
         return self.version
 
-    def ranking(self, name, spec_id) -> RankingData:
+    def ranking(self, name, spec_id) -> RankingResult:
         self.ranking_loads += 1
         raw = self.raw_ranking(name)
         perm = np.random.default_rng(1).permutation(len(raw["ids"]))  # stored order must not matter
@@ -105,9 +131,9 @@ class FakeLibrary:
         for s in raw["status"]:
             if s != "ok":
                 excluded[s] = excluded.get(s, 0) + 1
-        return RankingData(pa.table(cols), excluded, {"spec_id": spec_id})
+        return FakeRanking(pa.table(cols), excluded, {"spec_id": spec_id})
 
-    def raw_gradients(self, split: str) -> GradientData:
+    def raw_gradients(self, split: str) -> "FakeGradients":
         n = 40 if split == "pool" else 12
         rng = np.random.default_rng(len(split))
         ids = [f"{split[0]}{i:02d}" for i in range(n - 1)] + ["dir/with slash"]
@@ -117,17 +143,17 @@ class FakeLibrary:
         columns = {"raw_norm": raw_norm, "n_responses": np.full(n, 8), "reward_mean": rng.uniform(size=n),
                    "reward_std": rng.uniform(size=n), "n_tokens": rng.integers(10, 99, size=n),
                    "status": [STATUSES[i % 3] for i in range(n)]}
-        return GradientData(ids, vectors, columns, {"checkpoint": "x", "split": split})
+        return FakeGradients(ids, vectors, columns, FakeCheckpoint("x"), split, "spec")
 
     def gradients_version(self, name, spec_id, split):
         return self.version
 
-    def gradients(self, name, spec_id, split) -> GradientData:
+    def gradients(self, name, spec_id, split) -> "FakeGradients":
         self.gradient_loads += 1
         return self.raw_gradients(split)
 
     def curriculum_stages(self, name, result):
-        return [StageData(s["index"], s["subset"], s["n_prompts"]) for s in (result or {}).get("stages", [])]
+        return list((result or {}).get("stages", []))
 
 
 # fixtures and helpers
@@ -733,7 +759,7 @@ def test_no_request_makes_a_server_error(tmp_path):
 
 
 def test_vector_text_is_exact_for_every_float16_and_for_float32():
-    from services.views import vector_json
+    from services.domain.views import vector_json
 
     every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     parsed = json.loads("[" + vector_json(every) + "]")

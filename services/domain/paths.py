@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from services.errors import PathOutsideRootsError
+from .errors import PathOutsideRootsError
 
 
 def confine(path: str, roots: Iterable[Path]) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.errors import ServiceConfigError
+from ..domain.errors import ServiceConfigError
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 

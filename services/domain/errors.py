@@ -60,10 +60,3 @@ class JobFinishedError(ConflictError):
     """A cancel arrived after the job had already finished."""
 
     code = "job_finished"
-
-
-class PipelineUnavailableError(CropiError):
-    """The library function behind an endpoint is missing from this installation."""
-
-    code = "pipeline_unavailable"
-    http_status = 503

@@ -21,16 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from services.jobs import Job, JobStore
-from services.settings import ServiceSettings
+from ..entry.settings import ServiceSettings
+from .table import Job, JobStore
+from .worker import BUILTIN_TARGET, execute_job
 
-log = logging.getLogger("services.runner")
+log = logging.getLogger(__name__)
 
-# Built-in job kinds: the library's job functions, wrapped for the worker's calling convention.
-DEFAULT_KINDS = {
-    "scoring": "services.library:scoring_job",
-    "curriculum": "services.library:curriculum_job",
-}
+# Built-in job kinds: the worker finds their functions in ``kinds.BUILTIN`` (imported there only:
+# it imports the library's heavy parts). Other kinds (plugins, tests) name a "module:function".
+DEFAULT_KINDS = {"scoring": BUILTIN_TARGET, "curriculum": BUILTIN_TARGET}
 KILL_GRACE_S = 5.0
 LOG_TAIL_CHARS = 2000
 
@@ -51,7 +50,7 @@ class Launcher(Protocol):
 
 
 class ProcessLauncher:
-    """Each attempt is ``python -m services.worker`` in its own session (process group)."""
+    """Each attempt is ``python -m <this package>.worker`` in its own session (process group)."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -62,7 +61,7 @@ class ProcessLauncher:
         env = dict(os.environ)
         # the worker imports what this process can import (the same rule as multiprocessing's spawn)
         env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p and os.path.isdir(p))
-        cmd = [sys.executable, "-m", "services.worker", "--root", str(self.root), "--job", job.id,
+        cmd = [sys.executable, "-m", f"{__package__}.worker", "--root", str(self.root), "--job", job.id,
                "--attempt", str(job.attempts), "--parent", str(os.getpid())]
         with open(self.log_path(job), "ab") as out:
             out.write(f"--- attempt {job.attempts} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
@@ -129,8 +128,6 @@ class RayLauncher:
 
 
 def _ray_execute(root: str, job_id: str, attempt: int) -> int:
-    from services.worker import execute_job
-
     return execute_job(Path(root), job_id, attempt)
 
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.db import init, session
-from services.errors import DuplicateNameError, UnknownIdError
+from ..jobs.db import init, session
+from .errors import DuplicateNameError, UnknownIdError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (

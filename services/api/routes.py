@@ -9,14 +9,14 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import FileResponse
 
 import cropi
-from services import models
-from services.service import Service, job_view
-from services.views import ARROW_STREAM
+from . import schemas as models
+from ..domain.service import Service, job_view
+from ..domain.views import ARROW_STREAM
 
 ERRORS = {status: {"model": models.ErrorResponse, "description": what} for status, what in {
     400: "bad input", 401: "missing or wrong token", 403: "a path outside the data roots",
     404: "unknown id", 409: "conflict (a job running, a result not ready)", 413: "body too large",
-    422: "invalid request fields", 503: "a library part is missing"}.items()}
+    422: "invalid request fields"}.items()}
 ARROW_RESPONSE = {"content": {"application/json": {}, ARROW_STREAM: {"schema": {"type": "string", "format": "binary"}}},
                   "description": "JSON, or an Arrow IPC stream with `Accept: application/vnd.apache.arrow.stream`"}
 PARQUET = "application/vnd.apache.parquet"

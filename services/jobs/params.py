@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, Field
 
-from services import models
-from services.models import Strict
+from ..api import schemas as models
+from ..api.schemas import Strict
 
 
 class ScoringParams(Strict):

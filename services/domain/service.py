@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any, Hashable
 
 from cropi.errors import InvalidInputError
-from services import models
-from services.cache import VersionedCache
-from services.errors import NotReadyError, UnknownIdError
-from services.jobs import Job, JobStore
-from services.library import POOL_SPLIT, Library
-from services.options import CurriculumParams, ScoringParams
-from services.paths import confine
-from services.registry import CheckpointRow, CurriculumRow, DatasetRow, Registry, new_id
-from services.runner import Runner
-from services.settings import ServiceSettings
-from services.views import FUSED, GradientView, RankingView
+from ..api import schemas as models
+from .cache import VersionedCache
+from .errors import NotReadyError, UnknownIdError
+from ..jobs.table import Job, JobStore
+from .store import POOL_SPLIT, Library
+from ..jobs.params import CurriculumParams, ScoringParams
+from .paths import confine
+from .registry import CheckpointRow, CurriculumRow, DatasetRow, Registry, new_id
+from ..jobs.runner import Runner
+from ..entry.settings import ServiceSettings
+from .views import FUSED, GradientView, RankingView
 
 RANKING_CACHE_SIZE = 16
 GRADIENT_CACHE_SIZE = 2  # a split of 100k prompts at k=8192 is over a GB in float16
@@ -177,20 +177,20 @@ class Service:
     def curriculum_view(self, curriculum_id: str) -> dict[str, Any]:
         row = self.registry.curriculum(curriculum_id)
         job = self.jobs.get(row.job_id)
-        stages = [{"index": s.index, "n_prompts": s.n_prompts, "checkpoint": s.checkpoint,
-                   "subset_url": f"/v1/curricula/{row.id}/stages/{s.index}/subset" if s.subset else None}
-                  for s in self.library.curriculum_stages(row.name, job.result)]
+        stages = [{"index": int(s.get("index", i)), "n_prompts": s.get("n_prompts"), "checkpoint": s.get("checkpoint"),
+                   "subset_url": f"/v1/curricula/{row.id}/stages/{s.get('index', i)}/subset" if s.get("subset") else None}
+                  for i, s in enumerate(self.library.curriculum_stages(row.name, job.result))]
         return {"id": row.id, "name": row.name, "job": job_view(job), "stages": stages, "created": row.created}
 
     def stage_subset(self, curriculum_id: str, index: int) -> Path:
         row = self.registry.curriculum(curriculum_id)
         job = self.jobs.get(row.job_id)
-        for s in self.library.curriculum_stages(row.name, job.result):
-            if s.index == index and s.subset:
+        for i, s in enumerate(self.library.curriculum_stages(row.name, job.result)):
+            if s.get("index", i) == index and s.get("subset"):
                 # library output: under the service root or a data root, never elsewhere
-                path = confine(s.subset, [self.settings.root, *self.settings.data_roots])
+                path = confine(s["subset"], [self.settings.root, *self.settings.data_roots])
                 if not path.is_file():
-                    raise UnknownIdError(f"stage {index} of curriculum {row.id} lists {s.subset}, which is gone")
+                    raise UnknownIdError(f"stage {index} of curriculum {row.id} lists {s['subset']}, which is gone")
                 return path
         raise UnknownIdError(f"curriculum {row.id} has no stage {index} subset yet (job {job.id} is {job.state}); "
                              "GET the curriculum for its stages")

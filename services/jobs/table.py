@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.db import init, session, write_transaction
-from services.errors import JobFinishedError, JobRunningError, UnknownIdError
+from .db import init, session, write_transaction
+from ..domain.errors import JobFinishedError, JobRunningError, UnknownIdError
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 ACTIVE = ("queued", "running")
