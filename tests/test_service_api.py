@@ -163,7 +163,7 @@ KINDS = {"scoring": f"{JOBS}:wait_job", "curriculum": f"{JOBS}:curriculum_job"}
 
 def make_settings(tmp: Path, **over) -> ServiceSettings:
     fields = dict(root=tmp / "root", data_roots=[tmp / "data"], token=TOKEN, poll_s=0.05, heartbeat_s=0.5,
-                  max_body_bytes=64 * 1024)
+                  max_body_bytes=64 * 1024, version_ttl_s=0)
     fields.update(over)
     return ServiceSettings(**fields)
 
@@ -604,9 +604,15 @@ def test_job_attempts_are_fenced(tmp_path):
     assert second.attempts == 2
     assert not jobs.report(job.id, 1, "s", 1, 2) and not jobs.finish(job.id, 1, "succeeded", result={})
     assert jobs.report(job.id, 2, "s", 1, 2) and jobs.get(job.id).progress == {"stage": "s", "done": 1, "total": 2}
-    jobs.requeue_owned("r2")
-    assert jobs.claim("r1", max_attempts=2) is None  # started twice already: failed, not started again
-    assert jobs.get(job.id).state == "failed" and jobs.get(job.id).error["code"] == "too_many_attempts"
+    jobs.requeue_owned("r2")  # runner restarts do not count against the job
+    for attempt in (3, 4):
+        assert jobs.claim("r1", max_attempts=2).attempts == attempt
+        assert not jobs.requeue_died(job.id, attempt - 1, {"code": "worker_died", "message": "stale"})
+        assert jobs.requeue_died(job.id, attempt, {"code": "worker_died", "message": f"signal 9 ({attempt})"})
+    assert jobs.claim("r1", max_attempts=2) is None  # its worker died twice: failed, not started again
+    failed = jobs.get(job.id)
+    assert failed.state == "failed" and failed.error["code"] == "worker_died" and failed.failures == 2
+    assert "died 2 times" in failed.error["message"] and "signal 9 (4)" in failed.error["message"]
     assert jobs.create("k", "m:f", {}, key="same").state == "queued"  # the key is free again
 
 

@@ -146,7 +146,11 @@ def test_the_library_request_is_built_from_named_fields_only(svc):
 
 
 def test_curriculum_trainer_options_are_closed_per_trainer(tmp_path):
-    params = {"name": "cur", "model": "/m", "pool": "/p.jsonl", "validation": {"gsm": "/g.jsonl"}, "stages": 2,
+    (tmp_path / "m").mkdir()
+    for f in ("p.jsonl", "g.jsonl"):
+        (tmp_path / f).write_text("{}\n")
+    params = {"roots": [str(tmp_path)], "name": "cur", "model": str(tmp_path / "m"), "pool": str(tmp_path / "p.jsonl"),
+              "validation": {"gsm": str(tmp_path / "g.jsonl")}, "stages": 2,
               "fraction": 0.2, "options": {"trainer": {"name": "trl", "lr": 1e-5, "micro_batch": 4},
                                            "collect": {"backend": "hf", "engine": {"dtype": "float32"}}}}
     config = curriculum_config(params)

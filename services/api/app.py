@@ -31,7 +31,9 @@ HTTP_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "met
 
 
 def error_response(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+    # after a server error the connection is not reused: say so, rather than just dropping it
+    headers = {"Connection": "close"} if status >= 500 else None
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
 def _describe(errors: list) -> str:

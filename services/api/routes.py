@@ -103,7 +103,7 @@ def get_ranking(checkpoint_id: Id, request: Request,
 
 @router.get("/v1/checkpoints/{checkpoint_id}/gradients/{prompt_id:path}", response_model=models.GradientBatch,
             tags=["gradients"], responses={200: ARROW_RESPONSE})
-def get_gradient(checkpoint_id: Id, prompt_id: str, request: Request,
+def get_gradient(checkpoint_id: Id, prompt_id: Annotated[str, Path(max_length=1024)], request: Request,
                  split: Annotated[str | None, Query(max_length=64, description="default: the pool")] = None,
                  accept: Annotated[str | None, Header()] = None):
     """One prompt's stored projected gradient with its metadata."""

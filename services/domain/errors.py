@@ -60,3 +60,9 @@ class JobFinishedError(ConflictError):
     """A cancel arrived after the job had already finished."""
 
     code = "job_finished"
+
+
+class RankingConflictError(ConflictError):
+    """A checkpoint name and spec already scored from other inputs: a new scoring would replace its ranking."""
+
+    code = "ranking_conflict"

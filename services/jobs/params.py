@@ -10,17 +10,23 @@ models. The library's defaults stay the library's: an option left out is not set
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional
 
 from pydantic import BaseModel, Field
 
 from ..api import schemas as models
 from ..api.schemas import Strict
+from ..domain.paths import confine_tree
+
+
+Roots = Field(min_length=1, description="the service's data roots when the job was submitted (not the caller's)")
 
 
 class ScoringParams(Strict):
     """A scoring job: the registered paths (already confined) and the caller's closed options."""
 
+    roots: list[str] = Roots
     name: str = Field(pattern=models.NAME_PATTERN)
     model: str = Field(min_length=1, max_length=models.MAX_PATH)
     pool: str = Field(min_length=1, max_length=models.MAX_PATH)
@@ -31,6 +37,7 @@ class ScoringParams(Strict):
 
 
 class CurriculumParams(Strict):
+    roots: list[str] = Roots
     name: str = Field(pattern=models.NAME_PATTERN)
     model: str = Field(min_length=1, max_length=models.MAX_PATH)
     pool: str = Field(min_length=1, max_length=models.MAX_PATH)
@@ -60,11 +67,19 @@ def spec_id(projection: Optional[models.Projection]) -> str:
 
 # the worker side: library requests
 
+def check_confined(p: ScoringParams | CurriculumParams) -> None:
+    """Confinement again, at job start: every file the job will open resolves under the data roots."""
+    roots = [Path(r) for r in p.roots]
+    for path in (p.model, p.pool, *p.validation.values(), *((getattr(p, "trajectories", None) or {}).values())):
+        confine_tree(path, roots)
+
+
 def scoring_request(params: dict[str, Any]):
-    """The library's ``ScoringRequest`` for a scoring job's stored parameters."""
+    """The library's ``ScoringRequest`` for a scoring job's stored parameters (paths re-confined)."""
     from cropi.pipeline.scoring import CollectOptions, ScoringRequest
 
     p = ScoringParams.model_validate(params)
+    check_confined(p)
     o = p.options or models.ScoringOptions()
     fields: dict[str, Any] = {"name": p.name, "model": p.model, "pool": p.pool, "validation": p.validation,
                               "trajectories": p.trajectories, "spec": projection_fields(p.projection),
@@ -89,6 +104,7 @@ def curriculum_config(params: dict[str, Any]):
     from cropi.pipeline.curriculum import CollectOptions, CurriculumConfig
 
     p = CurriculumParams.model_validate(params)
+    check_confined(p)
     o = p.options or models.CurriculumOptions()
     fields: dict[str, Any] = {"name": p.name, "model": p.model, "pool": p.pool, "validation": p.validation,
                               "stages": p.stages, "select_fraction": p.fraction,
