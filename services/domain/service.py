@@ -48,6 +48,7 @@ class Service:
         self.rankings: VersionedCache[RankingView] = VersionedCache(RANKING_CACHE_SIZE)
         self.gradient_views: VersionedCache[GradientView] = VersionedCache(GRADIENT_CACHE_SIZE)
         self._versions: dict[Hashable, tuple[float, Hashable | None]] = {}
+        self._done: dict[str, Job] = {}
 
     def confine(self, path: str) -> Path:
         return confine(path, self.settings.data_roots)
@@ -129,8 +130,10 @@ class Service:
                 "spec_id": row.spec_id, "job": job_view(self.jobs.get(row.job_id)), "created": row.created}
 
     def _succeeded(self, job_id: str, what: str) -> Job:
-        job = self.jobs.get(job_id)
-        if job.state != "succeeded":
+        job = self._done.get(job_id) or self.jobs.get(job_id)
+        if job.state == "succeeded":
+            self._done[job_id] = job  # final: a succeeded job never changes, so it is read once
+        else:
             detail = f": {job.error['message']}" if job.error else ""
             raise NotReadyError(f"{what} is not available: its job {job.id} is {job.state}{detail}. "
                                 f"Poll GET /v1/jobs/{job.id}" + ("" if job.state in ("queued", "running")
