@@ -1,5 +1,5 @@
 """``python -m services``: same as ``cropi serve`` plus the standalone ``worker`` mode."""
 
-from services.cli import main
+from .entry.cli import main
 
 raise SystemExit(main())

@@ -35,7 +35,7 @@ from cropi.pipeline.collect import CollectJob, collect  # noqa: E402
 from cropi.pipeline.rank import load_ranking  # noqa: E402
 from cropi.projection import ProjectionSpec  # noqa: E402
 from cropi.store import GradientStore  # noqa: E402
-from services.library import POOL_SPLIT, store_of  # noqa: E402
+from services.domain.store import POOL_SPLIT, store_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "e2e-token-" + "x" * 24
@@ -191,7 +191,7 @@ def test_a_killed_server_resumes_scoring_and_serves_the_reference_results(world,
 
 
 def _worker_pid(root: Path, job_id: str) -> int | None:
-    from services.jobs import JobStore
+    from services.jobs.table import JobStore
 
     return JobStore(root / "service" / "jobs.sqlite").get(job_id).pid
 

@@ -34,22 +34,25 @@ def steps_job(params: dict, *, root: str, progress) -> dict:
     return {"steps": total, "prompts_scored": int(params.get("prompts_scored", 0))}
 
 
+POOL_SIZE = 237  # prompts a fake scoring job reports scored
+
+
 def wait_job(params: dict, *, root: str, progress) -> dict:
-    """Reports progress until the file ``params['release']`` exists (or ``timeout`` passes)."""
-    release = Path(params["release"])
+    """Reports progress until the file ``<root>/../release/<name>`` exists (or 60 s pass)."""
+    release = Path(root).parent / "release" / params["name"]
     deadline = time.monotonic() + float(params.get("timeout", 60))
     n = 0
     while not release.exists() and time.monotonic() < deadline:
         n += 1
         progress("waiting", n, n + 1)
         time.sleep(0.05)
-    return dict(params.get("result") or {})
+    return {"prompts_scored": POOL_SIZE}
 
 
 def instant_job(params: dict, *, root: str, progress) -> dict:
-    """Succeeds at once with ``params['result']``."""
+    """Succeeds at once with ``params['result']`` (a scoring job: the prompts it scored)."""
     progress("instant", 1, 1)
-    return dict(params.get("result") or {})
+    return dict(params.get("result") or {"prompts_scored": POOL_SIZE})
 
 
 def fail_job(params: dict, *, root: str, progress) -> dict:

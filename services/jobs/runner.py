@@ -3,7 +3,8 @@
 One loop (a thread in the server, or the whole process of ``python -m services worker``)
 claims jobs up to its slot count, starts each attempt through a launcher (a local worker
 process, or a Ray task when ``ray_address`` is set), writes heartbeats, stops attempts whose
-job was cancelled, and marks attempts that died without a word as failed. On start it puts
+job was cancelled, and queues again the jobs whose worker died without a word (counting the
+death; a job fails after ``max_attempts`` of them). On start it puts
 back in the queue the jobs its previous incarnation left running: the job functions are
 resumable, so running them again continues where they stopped.
 """
@@ -21,16 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from services.jobs import Job, JobStore
-from services.settings import ServiceSettings
+from ..entry.settings import ServiceSettings
+from .table import Job, JobStore
+from .worker import BUILTIN_TARGET, execute_job
 
-log = logging.getLogger("services.runner")
+log = logging.getLogger(__name__)
 
-# Built-in job kinds: the library's job functions, wrapped for the worker's calling convention.
-DEFAULT_KINDS = {
-    "scoring": "services.library:scoring_job",
-    "curriculum": "services.library:curriculum_job",
-}
+# Built-in job kinds: the worker finds their functions in ``kinds.BUILTIN`` (imported there only:
+# it imports the library's heavy parts). Other kinds (plugins, tests) name a "module:function".
+DEFAULT_KINDS = {"scoring": BUILTIN_TARGET, "curriculum": BUILTIN_TARGET}
 KILL_GRACE_S = 5.0
 LOG_TAIL_CHARS = 2000
 
@@ -51,7 +51,7 @@ class Launcher(Protocol):
 
 
 class ProcessLauncher:
-    """Each attempt is ``python -m services.worker`` in its own session (process group)."""
+    """Each attempt is ``python -m <this package>.worker`` in its own session (process group)."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -62,7 +62,7 @@ class ProcessLauncher:
         env = dict(os.environ)
         # the worker imports what this process can import (the same rule as multiprocessing's spawn)
         env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p and os.path.isdir(p))
-        cmd = [sys.executable, "-m", "services.worker", "--root", str(self.root), "--job", job.id,
+        cmd = [sys.executable, "-m", f"{__package__}.worker", "--root", str(self.root), "--job", job.id,
                "--attempt", str(job.attempts), "--parent", str(os.getpid())]
         with open(self.log_path(job), "ab") as out:
             out.write(f"--- attempt {job.attempts} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
@@ -129,8 +129,6 @@ class RayLauncher:
 
 
 def _ray_execute(root: str, job_id: str, attempt: int) -> int:
-    from services.worker import execute_job
-
     return execute_job(Path(root), job_id, attempt)
 
 
@@ -190,7 +188,8 @@ class Runner:
         self._stop.clear()
         resumed = self.jobs.requeue_owned(self.settings.runner_name)
         if resumed:
-            log.info("resuming jobs left running by a previous process", extra={"jobs": resumed})
+            log.info("resuming jobs left running by a previous process (not counted as failures)",
+                     extra={"jobs": resumed})
         self._thread = threading.Thread(target=self.run_forever, name="cropi-runner", daemon=True)
         self._thread.start()
 
@@ -209,7 +208,9 @@ class Runner:
             attempts = [a for a in attempts if self.launcher.poll(a.handle) is None]
             time.sleep(0.02)
         self.running.clear()
-        self.jobs.requeue_owned(self.settings.runner_name)
+        handed_back = self.jobs.requeue_owned(self.settings.runner_name)
+        if handed_back:
+            log.info("stopping: running jobs handed back to the queue", extra={"jobs": handed_back})
 
     def run_forever(self) -> None:
         while not self._stop.is_set():
@@ -255,10 +256,15 @@ class Runner:
                 continue
             del self.running[job_id]
             job = attempt.job
-            # a worker that died without recording its end leaves the row running: say why it failed
-            if self.jobs.finish(job_id, job.attempts, "failed", error={
-                    "code": "worker_died", "message": self.launcher.describe_exit(job, attempt.handle, code)}):
-                log.warning("worker died", extra={"job": job_id, "exit": code})
+            # a worker that died without recording its end (a crash, the OOM killer) leaves the row
+            # running: count the death and run the job again (it resumes); claim() fails it once
+            # it has died max_attempts times
+            error = {"code": "worker_died", "message": self.launcher.describe_exit(job, attempt.handle, code)}
+            if self.jobs.requeue_died(job_id, job.attempts, error):
+                log.warning("worker died; job queued again to resume", extra={
+                    "job": job_id, "exit": code, "attempt": job.attempts, "failures": job.failures + 1,
+                    "max_attempts": self.settings.max_attempts})
+                self._wake.set()
             else:
                 log.info("job attempt ended", extra={"job": job_id, "exit": code})
 

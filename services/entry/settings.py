@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.errors import ServiceConfigError
+from ..domain.errors import ServiceConfigError
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
@@ -37,6 +37,8 @@ class ServiceSettings(BaseSettings):
     heartbeat_s: float = Field(default=2.0, gt=0)
     stale_after_s: float = Field(default=30.0, gt=0, description="a running job whose runner was silent this long is requeued")
     poll_s: float = Field(default=0.2, gt=0)
+    version_ttl_s: float = Field(default=1.0, ge=0, description="how long a stored file's version stamp is "
+                                 "trusted before the file is looked at again (0: every request)")
     # Extra or replacement job kinds: kind -> "module:function". For plugins and tests.
     job_kinds: dict[str, str] = Field(default_factory=dict)
 

@@ -17,8 +17,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cropi.errors import InvalidInputError
-from services.errors import UnknownIdError
-from services.library import GradientData, RankingData
+from cropi.pipeline.rank import RankingResult
+from cropi.store import GradientTable
+
+from .errors import UnknownIdError
 
 SCORE_PREFIX = "score:"
 FUSED = "fused"
@@ -64,7 +66,7 @@ class RankingView:
     ready-made fragments, so serving it costs microseconds whatever the pool size.
     """
 
-    def __init__(self, data: RankingData):
+    def __init__(self, data: RankingResult):
         table = data.table
         ranked = table.filter(pc.greater(table["rank"], 0))
         self.table = ranked.take(pc.sort_indices(ranked, [("rank", "ascending"), ("prompt_id", "ascending")]))
@@ -116,14 +118,17 @@ class RankingView:
 class GradientView:
     """One split's stored vectors with an index from prompt id to row."""
 
-    def __init__(self, data: GradientData):
+    def __init__(self, data: GradientTable):
         self.prompt_ids = list(data.prompt_ids)
-        self.vectors = data.vectors
+        # an owned copy: the store may hand out zero-copy views of memory-mapped shards, and a
+        # shard truncated under a view held here would kill the server (SIGBUS) on the next read
+        self.vectors = np.array(data.vectors, copy=True, order="C")
         if self.vectors.ndim != 2 or self.vectors.shape[0] != len(self.prompt_ids):
             raise InvalidInputError(f"stored vectors have shape {self.vectors.shape} for "
                                     f"{len(self.prompt_ids)} prompt ids")
         self.columns = {c: _pylist(data.columns[c]) for c in GRADIENT_META_COLUMNS if c in data.columns}
-        self.meta = dict(data.meta)
+        self.meta = {"checkpoint": data.checkpoint.name, "split": data.split, "spec_id": data.spec_id,
+                     "fingerprint": getattr(data.checkpoint, "fingerprint", None)}
         self.index = {p: i for i, p in enumerate(self.prompt_ids)}
 
     @property

@@ -19,6 +19,14 @@ def init(path: Path, schema: str) -> None:
         conn.executescript(schema)
 
 
+def add_column(path: Path, table: str, column: str, decl: str) -> None:
+    """Add ``column`` to a table made by an earlier version of the service, if it lacks it."""
+    with session(path) as conn:
+        have = {r["name"] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+
+
 def connect(path: Path) -> sqlite3.Connection:
     """A new autocommit connection (use ``session``, which keeps one per thread)."""
     conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)

@@ -8,10 +8,10 @@ import logging
 import time
 from typing import Awaitable, Callable
 
-from services.errors import BodyTooLargeError, UnauthorizedError
-from services.metrics import Metrics
+from ..domain.errors import BodyTooLargeError, UnauthorizedError
+from .metrics import Metrics
 
-log = logging.getLogger("services.http")
+log = logging.getLogger(__name__)
 
 Scope = dict
 Receive = Callable[[], Awaitable[dict]]

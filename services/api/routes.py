@@ -9,14 +9,14 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import FileResponse
 
 import cropi
-from services import models
-from services.service import Service, job_view
-from services.views import ARROW_STREAM
+from . import schemas as models
+from ..domain.service import Service, job_view
+from ..domain.views import ARROW_STREAM
 
 ERRORS = {status: {"model": models.ErrorResponse, "description": what} for status, what in {
     400: "bad input", 401: "missing or wrong token", 403: "a path outside the data roots",
     404: "unknown id", 409: "conflict (a job running, a result not ready)", 413: "body too large",
-    422: "invalid request fields", 503: "a library part is missing"}.items()}
+    422: "invalid request fields"}.items()}
 ARROW_RESPONSE = {"content": {"application/json": {}, ARROW_STREAM: {"schema": {"type": "string", "format": "binary"}}},
                   "description": "JSON, or an Arrow IPC stream with `Accept: application/vnd.apache.arrow.stream`"}
 PARQUET = "application/vnd.apache.parquet"
@@ -103,7 +103,7 @@ def get_ranking(checkpoint_id: Id, request: Request,
 
 @router.get("/v1/checkpoints/{checkpoint_id}/gradients/{prompt_id:path}", response_model=models.GradientBatch,
             tags=["gradients"], responses={200: ARROW_RESPONSE})
-def get_gradient(checkpoint_id: Id, prompt_id: str, request: Request,
+def get_gradient(checkpoint_id: Id, prompt_id: Annotated[str, Path(max_length=1024)], request: Request,
                  split: Annotated[str | None, Query(max_length=64, description="default: the pool")] = None,
                  accept: Annotated[str | None, Header()] = None):
     """One prompt's stored projected gradient with its metadata."""

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.db import init, session
-from services.errors import DuplicateNameError, UnknownIdError
+from ..jobs.db import add_column, init, session
+from .errors import DuplicateNameError, UnknownIdError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
@@ -45,6 +45,7 @@ class CheckpointRow:
     spec_id: str | None
     job_id: str
     created: float
+    inputs: str | None = None  # digest of everything the scoring read (paths, options): see Service
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Registry:
     def __init__(self, db_path: Path):
         self.db_path = Path(db_path)
         init(self.db_path, SCHEMA)
+        add_column(self.db_path, "checkpoints", "inputs", "TEXT")
         # rows are never changed or deleted once written: read each once
         self._cache: dict[tuple[str, str], Any] = {}
 
@@ -100,9 +102,18 @@ class Registry:
 
     def add_checkpoint(self, row: CheckpointRow) -> None:
         with session(self.db_path) as conn:
-            conn.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            conn.execute("INSERT INTO checkpoints (id, name, path, pool, validation, spec_id, job_id, created, "
+                         "inputs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                          (row.id, row.name, row.path, row.pool, json.dumps(row.validation),
-                          row.spec_id, row.job_id, row.created))
+                          row.spec_id, row.job_id, row.created, row.inputs))
+
+    def scored_with_other_inputs(self, name: str, spec_id: str | None, inputs: str) -> CheckpointRow | None:
+        """A checkpoint registered under ``name`` and ``spec_id`` whose scoring read other inputs."""
+        with session(self.db_path) as conn:
+            row = conn.execute("SELECT id FROM checkpoints WHERE name = ? AND spec_id IS ? AND "
+                               "(inputs IS NULL OR inputs != ?) ORDER BY created LIMIT 1",
+                               (name, spec_id, inputs)).fetchone()
+        return self.checkpoint(row["id"]) if row else None
 
     def checkpoint(self, checkpoint_id: str) -> CheckpointRow:
         if ("checkpoint", checkpoint_id) in self._cache:

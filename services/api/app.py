@@ -14,24 +14,26 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import cropi
 from cropi.errors import CropiError
-from services.jobs import JobStore
-from services.library import CropiLibrary, Library
-from services.metrics import Metrics
-from services.middleware import AccessLog, BearerAuth, BodyLimit
-from services.registry import Registry
-from services.routes import router
-from services.runner import Runner
-from services.service import Service
-from services.settings import ServiceSettings
+from ..jobs.table import JobStore
+from ..domain.store import CropiLibrary, Library
+from .metrics import Metrics
+from .middleware import AccessLog, BearerAuth, BodyLimit
+from ..domain.registry import Registry
+from .routes import router
+from ..jobs.runner import Runner
+from ..domain.service import Service
+from ..entry.settings import ServiceSettings
 
-log = logging.getLogger("services.app")
+log = logging.getLogger(__name__)
 
 HTTP_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
               406: "not_acceptable", 413: "body_too_large", 415: "unsupported_media_type"}
 
 
 def error_response(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+    # after a server error the connection is not reused: say so, rather than just dropping it
+    headers = {"Connection": "close"} if status >= 500 else None
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
 def _describe(errors: list) -> str:

@@ -7,23 +7,28 @@ manifest), so a page request never re-reads the store unless the stored result c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable, TypeVar
 
-from cropi.errors import InvalidInputError
-from services import models
-from services.cache import VersionedCache
-from services.errors import NotReadyError, UnknownIdError
-from services.jobs import Job, JobStore
-from services.library import POOL_SPLIT, Library
-from services.paths import confine
-from services.registry import CheckpointRow, CurriculumRow, DatasetRow, Registry, new_id
-from services.runner import Runner
-from services.settings import ServiceSettings
-from services.views import FUSED, GradientView, RankingView
+import pyarrow as pa
 
+from cropi.errors import CorruptDataError, CropiError, InvalidInputError
+from ..api import schemas as models
+from .cache import VersionedCache
+from .errors import NotReadyError, RankingConflictError, UnknownIdError
+from ..jobs.table import Job, JobStore
+from .store import POOL_SPLIT, Library
+from ..jobs.params import CurriculumParams, ScoringParams
+from .paths import confine
+from .registry import CheckpointRow, CurriculumRow, DatasetRow, Registry, new_id
+from ..jobs.runner import Runner
+from ..entry.settings import ServiceSettings
+from .views import FUSED, GradientView, RankingView
+
+V = TypeVar("V")
 RANKING_CACHE_SIZE = 16
 GRADIENT_CACHE_SIZE = 2  # a split of 100k prompts at k=8192 is over a GB in float16
 
@@ -42,9 +47,15 @@ class Service:
         self.settings, self.library, self.runner, self.jobs, self.registry = settings, library, runner, jobs, registry
         self.rankings: VersionedCache[RankingView] = VersionedCache(RANKING_CACHE_SIZE)
         self.gradient_views: VersionedCache[GradientView] = VersionedCache(GRADIENT_CACHE_SIZE)
+        self._versions: dict[Hashable, tuple[float, Hashable | None]] = {}
+        self._done: dict[str, Job] = {}
 
     def confine(self, path: str) -> Path:
         return confine(path, self.settings.data_roots)
+
+    def _roots(self) -> list[str]:
+        """The data roots a job re-checks its paths against when it starts."""
+        return [str(r) for r in self.settings.data_roots]
 
     # datasets
 
@@ -95,12 +106,21 @@ class Service:
                                         f"{sorted(set(splits))}")
             trajectories = {splits[k]: str(self.confine(v)) for k, v in body.trajectories.items()}
         spec_id = self.library.projection_spec_id(body.projection)
-        params = self.library.scoring_params(
-            name=body.name, model=str(model), pool=pool.path, validation={v.name: v.path for v in validation},
-            trajectories=trajectories, projection=body.projection, options=body.options)
+        params = ScoringParams(roots=self._roots(), name=body.name, model=str(model), pool=pool.path,
+                               validation={v.name: v.path for v in validation}, trajectories=trajectories,
+                               projection=body.projection, options=body.options).model_dump(exclude_none=True)
+        # the store keeps one ranking per (name, spec): scoring it again from other inputs would
+        # silently replace what the earlier checkpoint id serves, so that is refused
+        inputs = digest({k: v for k, v in params.items() if k != "roots"})
+        earlier = self.registry.scored_with_other_inputs(body.name, spec_id, inputs)
+        if earlier is not None:
+            raise RankingConflictError(
+                f"checkpoint {earlier.id} was already scored under the name {body.name!r} with this projection "
+                f"spec ({spec_id}) from other inputs (model, datasets, trajectories or options); scoring again "
+                "would replace the ranking it serves. Register this scoring under another name")
         job = self.runner.submit("scoring", params, key=scoring_key(body.name, spec_id))
         row = CheckpointRow(new_id("ck"), body.name, str(model), pool.id, [v.id for v in validation], spec_id,
-                            job.id, time.time())
+                            job.id, time.time(), inputs)
         self.registry.add_checkpoint(row)
         return row
 
@@ -110,8 +130,10 @@ class Service:
                 "spec_id": row.spec_id, "job": job_view(self.jobs.get(row.job_id)), "created": row.created}
 
     def _succeeded(self, job_id: str, what: str) -> Job:
-        job = self.jobs.get(job_id)
-        if job.state != "succeeded":
+        job = self._done.get(job_id) or self.jobs.get(job_id)
+        if job.state == "succeeded":
+            self._done[job_id] = job  # final: a succeeded job never changes, so it is read once
+        else:
             detail = f": {job.error['message']}" if job.error else ""
             raise NotReadyError(f"{what} is not available: its job {job.id} is {job.state}{detail}. "
                                 f"Poll GET /v1/jobs/{job.id}" + ("" if job.state in ("queued", "running")
@@ -122,9 +144,34 @@ class Service:
 
     def ranking_view(self, row: CheckpointRow) -> RankingView:
         job = self._succeeded(row.job_id, f"the ranking of checkpoint {row.id}")
-        token = self.library.ranking_version(row.name, row.spec_id) or self._job_token(row, job)
-        return self.rankings.get((row.name, row.spec_id), token,
-                                 lambda: RankingView(self.library.ranking(row.name, row.spec_id)))
+        key = (row.name, row.spec_id)
+        token = self._version(key, lambda: self.library.ranking_version(row.name, row.spec_id))
+        token = token or self._job_token(row, job)
+        return self.rankings.get(key, token, lambda: self._load(
+            f"the stored ranking of checkpoint {row.id} ({row.name}, spec {row.spec_id})",
+            lambda: RankingView(self.library.ranking(row.name, row.spec_id))))
+
+    def _version(self, key: Hashable, stamp: Callable[[], Hashable | None]) -> Hashable | None:
+        """The stored version of ``key``, looked at most every ``version_ttl_s``: a file changed on disk
+        is noticed within that time and read (and verified) again."""
+        now = time.monotonic()
+        seen = self._versions.get(key)
+        if seen is not None and now - seen[0] < self.settings.version_ttl_s:
+            return seen[1]
+        token = stamp()
+        self._versions[key] = (now, token)
+        return token
+
+    @staticmethod
+    def _load(what: str, load: Callable[[], V]) -> V:
+        """``load()``, with a store that cannot be read reported as such (never a bare 500)."""
+        try:
+            return load()
+        except CropiError:
+            raise
+        except (OSError, ValueError, KeyError, pa.ArrowException) as e:
+            raise CorruptDataError(f"{what} cannot be read ({type(e).__name__}: {e}); the file changed or was "
+                                   "damaged on disk: score the checkpoint again") from e
 
     def _job_token(self, row: CheckpointRow, job: Job) -> Hashable:
         # without a stored file to stat, the newest successful scoring of (name, spec) names the version
@@ -150,11 +197,15 @@ class Service:
         allowed = {POOL_SPLIT, *(self.registry.dataset(v).name for v in row.validation)}
         if split not in allowed:
             raise UnknownIdError(f"checkpoint {row.id} has no split {split!r}; its splits: {sorted(allowed)}")
-        token = self.library.gradients_version(row.name, row.spec_id, split)
+        key = (row.name, row.spec_id, split)
+        token = self._version(key, lambda: self._load(
+            f"the stored gradients of checkpoint {row.id}, split {split!r}",
+            lambda: self.library.gradients_version(row.name, row.spec_id, split)))
         if token is None:
             token = self._job_token(row, self.jobs.get(row.job_id))
-        view = self.gradient_views.get((row.name, row.spec_id, split), token,
-                                       lambda: GradientView(self.library.gradients(row.name, row.spec_id, split)))
+        view = self.gradient_views.get(key, token, lambda: self._load(
+            f"the stored gradients of checkpoint {row.id}, split {split!r}",
+            lambda: GradientView(self.library.gradients(row.name, row.spec_id, split))))
         return row, view
 
     # curricula
@@ -164,9 +215,10 @@ class Service:
         if not model.is_dir():
             raise InvalidInputError(f"no model folder at {body.path!r} (resolved to {str(model)!r})")
         pool, validation = self._datasets(body.pool, body.validation)
-        params = self.library.curriculum_params(
-            name=body.name, model=str(model), pool=pool.path, validation={v.name: v.path for v in validation},
-            stages=body.stages, fraction=body.fraction, projection=body.projection, options=body.options)
+        params = CurriculumParams(roots=self._roots(), name=body.name, model=str(model), pool=pool.path,
+                                  validation={v.name: v.path for v in validation}, stages=body.stages,
+                                  fraction=body.fraction, projection=body.projection,
+                                  options=body.options).model_dump(exclude_none=True)
         job = self.runner.submit("curriculum", params, key=f"curriculum:{body.name}")
         row = CurriculumRow(new_id("cur"), body.name, job.id, time.time())
         self.registry.add_curriculum(row)
@@ -175,23 +227,28 @@ class Service:
     def curriculum_view(self, curriculum_id: str) -> dict[str, Any]:
         row = self.registry.curriculum(curriculum_id)
         job = self.jobs.get(row.job_id)
-        stages = [{"index": s.index, "n_prompts": s.n_prompts, "checkpoint": s.checkpoint,
-                   "subset_url": f"/v1/curricula/{row.id}/stages/{s.index}/subset" if s.subset else None}
-                  for s in self.library.curriculum_stages(row.name, job.result)]
+        stages = [{"index": int(s.get("index", i)), "n_prompts": s.get("n_prompts"), "checkpoint": s.get("checkpoint"),
+                   "subset_url": f"/v1/curricula/{row.id}/stages/{s.get('index', i)}/subset" if s.get("subset") else None}
+                  for i, s in enumerate(self.library.curriculum_stages(row.name, job.result))]
         return {"id": row.id, "name": row.name, "job": job_view(job), "stages": stages, "created": row.created}
 
     def stage_subset(self, curriculum_id: str, index: int) -> Path:
         row = self.registry.curriculum(curriculum_id)
         job = self.jobs.get(row.job_id)
-        for s in self.library.curriculum_stages(row.name, job.result):
-            if s.index == index and s.subset:
+        for i, s in enumerate(self.library.curriculum_stages(row.name, job.result)):
+            if s.get("index", i) == index and s.get("subset"):
                 # library output: under the service root or a data root, never elsewhere
-                path = confine(s.subset, [self.settings.root, *self.settings.data_roots])
+                path = confine(s["subset"], [self.settings.root, *self.settings.data_roots])
                 if not path.is_file():
-                    raise UnknownIdError(f"stage {index} of curriculum {row.id} lists {s.subset}, which is gone")
+                    raise UnknownIdError(f"stage {index} of curriculum {row.id} lists {s['subset']}, which is gone")
                 return path
         raise UnknownIdError(f"curriculum {row.id} has no stage {index} subset yet (job {job.id} is {job.state}); "
                              "GET the curriculum for its stages")
+
+
+def digest(value: Any) -> str:
+    """sha256 of canonical JSON: equal for equal inputs."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def scoring_key(name: str, spec_id: str | None) -> str:

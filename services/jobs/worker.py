@@ -1,6 +1,6 @@
-"""One job attempt in its own process: ``python -m services.worker --root R --job ID --attempt N``.
+"""One job attempt in its own process: ``python -m <package>.jobs.worker --root R --job ID --attempt N``.
 
-The worker imports the job's target (``module:function``), calls it as
+The worker finds the job's function (a built-in kind, or a ``module:function`` target), calls it as
 ``fn(params, root=..., progress=...)`` and writes progress and the final state to the job
 table. It dies with its runner (Linux parent-death signal, plus a watchdog elsewhere) and
 takes its own process group down with it, so nothing it started (vLLM engines, ...) is left
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cropi.errors import CropiError
-from services.jobs import JobStore
+from .table import JobStore
 
-log = logging.getLogger("services.worker")
+log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 0.5
 EXIT_SUPERSEDED = 3
@@ -33,8 +33,17 @@ EXIT_SUPERSEDED = 3
 JobFunction = Callable[..., dict[str, Any]]
 
 
-def resolve_target(target: str) -> JobFunction:
-    """The function named ``module:function``."""
+BUILTIN_TARGET = "builtin"
+
+
+def resolve_target(kind: str, target: str) -> JobFunction:
+    """A built-in kind's function, or the function named ``module:function``."""
+    if target == BUILTIN_TARGET:
+        from .kinds import BUILTIN  # the library's heavy parts: imported by workers only
+
+        if kind not in BUILTIN:
+            raise ValueError(f"no built-in job kind {kind!r}; built-in: {sorted(BUILTIN)}")
+        return BUILTIN[kind]
     module, _, name = target.partition(":")
     if not module or not name:
         raise ValueError(f"job target {target!r} must read 'module:function'")
@@ -100,7 +109,7 @@ def execute_job(root: Path, job_id: str, attempt: int, *,
             return EXIT_SUPERSEDED
         log.info("job %s (%s) attempt %d starting", job_id, job.kind, attempt)
         try:
-            fn = resolve_target(job.target)
+            fn = resolve_target(job.kind, job.target)
             result = fn(job.params, root=str(root), progress=ProgressWriter(jobs, job_id, attempt, on_superseded))
         except JobSuperseded:
             return EXIT_SUPERSEDED
@@ -160,13 +169,13 @@ def die_with_parent(parent_pid: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the worker process the runner starts."""
-    p = argparse.ArgumentParser(prog="python -m services.worker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}.worker", description=__doc__.splitlines()[0])
     p.add_argument("--root", required=True, type=Path)
     p.add_argument("--job", required=True)
     p.add_argument("--attempt", required=True, type=int)
     p.add_argument("--parent", type=int, default=None, help="runner pid: die when it dies")
     a = p.parse_args(argv)
-    from services.logs import configure_logging
+    from ..entry.logs import configure_logging
 
     configure_logging()
     if a.parent is not None:

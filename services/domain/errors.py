@@ -62,8 +62,7 @@ class JobFinishedError(ConflictError):
     code = "job_finished"
 
 
-class PipelineUnavailableError(CropiError):
-    """The library function behind an endpoint is missing from this installation."""
+class RankingConflictError(ConflictError):
+    """A checkpoint name and spec already scored from other inputs: a new scoring would replace its ranking."""
 
-    code = "pipeline_unavailable"
-    http_status = 503
+    code = "ranking_conflict"

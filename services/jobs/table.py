@@ -3,7 +3,12 @@
 States: ``queued -> running -> succeeded | failed | cancelled``; a running job whose runner
 died goes back to ``queued`` and is run again (the job functions are resumable).
 
-Every start of a job increments ``attempts``; a worker writes progress and its final state
+Every start of a job increments ``attempts`` (the fence below). ``failures`` counts only the
+attempts whose worker died on its own (crash, OOM kill): a runner that stops or dies (a server
+restart) hands its jobs back without counting against them, so a progressing job survives any
+number of restarts, and a job that keeps killing its worker fails after ``max_attempts`` deaths.
+
+A worker writes progress and its final state
 only while the row is still ``running`` with the attempt it was started for, so a stale worker
 from an earlier attempt, or one racing a cancel, can never overwrite newer state.
 """
@@ -11,6 +16,7 @@ from an earlier attempt, or one racing a cancel, can never overwrite newer state
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import time
 import uuid
@@ -18,8 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.db import init, session, write_transaction
-from services.errors import JobFinishedError, JobRunningError, UnknownIdError
+from .db import add_column, init, session, write_transaction
+from ..domain.errors import JobFinishedError, JobRunningError, UnknownIdError
+
+log = logging.getLogger(__name__)
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 ACTIVE = ("queued", "running")
@@ -39,6 +47,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     pid INTEGER,
     heartbeat REAL,
     attempts INTEGER NOT NULL DEFAULT 0,
+    failures INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL,
     updated REAL NOT NULL
 );
@@ -68,6 +77,7 @@ class Job:
     attempts: int
     created: float
     updated: float
+    failures: int = 0
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> "Job":
@@ -87,6 +97,7 @@ class JobStore:
     def __init__(self, db_path: Path):
         self.db_path = Path(db_path)
         init(self.db_path, SCHEMA)
+        add_column(self.db_path, "jobs", "failures", "INTEGER NOT NULL DEFAULT 0")
 
     # creating and reading
 
@@ -148,7 +159,7 @@ class JobStore:
     def claim(self, owner: str, max_attempts: int) -> Job | None:
         """Move the oldest queued job to ``running`` for ``owner``; None when the queue is empty.
 
-        A job already started ``max_attempts`` times is marked failed instead of started again,
+        A job whose worker died ``max_attempts`` times is marked failed instead of started again,
         so a job that keeps killing its worker cannot loop forever.
         """
         while True:
@@ -157,15 +168,20 @@ class JobStore:
                 if row is None:
                     return None
                 now = time.time()
-                if row["attempts"] >= max_attempts:
-                    err = {"code": "too_many_attempts",
-                           "message": f"the job was started {row['attempts']} times without finishing; "
-                                      "see its worker log under <root>/service/logs and submit it again"}
+                if row["failures"] >= max_attempts:
+                    last = json.loads(row["error"])["message"] if row["error"] else "no record"
+                    err = {"code": "worker_died",
+                           "message": f"the job's worker died {row['failures']} times without finishing "
+                                      f"(the service's max_attempts); see its worker log under "
+                                      f"<root>/service/logs and submit it again. The last: {last}"}
+                    log.error("job failed: its worker died too often",
+                              extra={"job": row["id"], "failures": row["failures"]})
                     conn.execute("UPDATE jobs SET state = 'failed', error = ?, updated = ? WHERE id = ?",
                                  (json.dumps(err), now, row["id"]))
                     continue
+                # error is kept: while a retried job runs, it says why the previous attempt died
                 conn.execute("UPDATE jobs SET state = 'running', owner = ?, pid = NULL, heartbeat = ?, "
-                             "attempts = attempts + 1, error = NULL, updated = ? WHERE id = ?",
+                             "attempts = attempts + 1, updated = ? WHERE id = ?",
                              (owner, now, now, row["id"]))
             return self.get(row["id"])
 
@@ -186,6 +202,16 @@ class JobStore:
     def requeue_stale(self, stale_after_s: float) -> list[str]:
         """Requeue running jobs whose runner has not beaten for ``stale_after_s`` seconds."""
         return self._requeue("heartbeat < ?", (time.time() - stale_after_s,))
+
+    def requeue_died(self, job_id: str, attempt: int, error: dict[str, str]) -> bool:
+        """Attempt ``attempt``'s worker died alone: count it and queue the job again (the job
+        functions resume). False when the attempt no longer owns the job."""
+        with session(self.db_path) as conn:
+            cur = conn.execute(
+                "UPDATE jobs SET state = 'queued', owner = NULL, pid = NULL, failures = failures + 1, error = ?, "
+                "updated = ? WHERE id = ? AND attempts = ? AND state = 'running'",
+                (json.dumps(error), time.time(), job_id, attempt))
+        return cur.rowcount == 1
 
     def _requeue(self, where: str, args: tuple) -> list[str]:
         with write_transaction(self.db_path) as conn:
