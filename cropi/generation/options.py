@@ -72,8 +72,8 @@ class CollectOptions(BaseModel):
     top_p: float = SamplingConfig.model_fields["top_p"]
     max_new_tokens: int = SamplingConfig.model_fields["max_new_tokens"]
     seed: int = SamplingConfig.model_fields["seed"]
-    batch_prompts: Optional[int] = Field(None, gt=0, le=1 << 16, description="prompts generated (and committed) "
-                                         "at once; default 256 on a GPU, 32 on CPU")
+    # The default is part of every stored curriculum's resume key: raise it per run on a GPU (256 or more).
+    batch_prompts: int = Field(32, gt=0, le=1 << 16, description="prompts generated (and committed) at once")
     engine: EngineOptions = Field(EngineOptions(), validation_alias=AliasChoices("engine", "backend_options"))
 
     def sampling(self, samples: int) -> SamplingConfig:
