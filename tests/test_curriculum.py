@@ -310,9 +310,12 @@ def test_cli_runs_a_curriculum(setup, monkeypatch, capsys):
 # ---------------------------------------------------------------- compatibility with curricula started earlier
 
 
-def test_resume_key_store_paths_and_names_are_those_of_the_original_code():
+def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_path):
     """Values computed by the code before the score step was unified (commit 12489f8), so
-    curricula started then resume, and find their trajectories and gradients, after it."""
+    curricula started then resume, and find their trajectories and gradients, after it.
+    The model is ``build_tiny_model(seed=0)``: the same bytes, so the same fingerprint, anywhere."""
+    from cropi.models import build_tiny_model
+
     from cropi.pipeline.curriculum import CurriculumPaths, collect_jobs, gradient_jobs, scoring_splits
 
     cfg = CurriculumConfig.model_validate(dict(
@@ -323,12 +326,12 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code():
     assert cfg.resume_key() == "33b13f976f82e4b9"
     here = Path(__file__).resolve().parent
     cfg = CurriculumConfig.model_validate(dict(
-        name="pinned", model=str(here.parent / "cropi" / "demo" / "assets" / "warmstart-tiny"),
+        name="pinned", model=str(build_tiny_model(tmp_path / "m", seed=0)),
         pool=str(here / "golden" / "pool.jsonl"), validation={"val_a": str(here / "golden" / "val_a.jsonl")},
         reward="exact_numeric", collect=dict(pool_samples=4, temperature=1.0, backend="hf"), gradient_dtype="float32"))
     paths = CurriculumPaths("/root", "pinned")
     jobs = collect_jobs(cfg, paths, cfg.model, scoring_splits(cfg))
-    assert {s: j.out for s, j in jobs.items()} == {"pool": "/root/trajectories/01e09094aec35ff9/pool",
-                                                   "val_a": "/root/trajectories/24a8376425bbaa84/val_a"}
+    assert {s: j.out for s, j in jobs.items()} == {"pool": "/root/trajectories/e1c45a7e15478640/pool",
+                                                   "val_a": "/root/trajectories/82eebe8b77d116b4/val_a"}
     assert gradient_jobs(cfg, paths, cfg.model, {s: j.out for s, j in jobs.items()})[0].name == \
-        "e7d0e50c8c5da65b-653cab2c"
+        "98ee53bb8a66fe96-7b16d27b"
