@@ -3,8 +3,8 @@ bitwise, and its ranking exactly, what the code gave before the structure refact
 
 The values in tests/golden/golden.json were produced by the ORIGINAL code (commit 12489f8)
 with ``python tests/test_golden.py --write``; the prompt files beside it are fixed inputs
-(tests/golden/make_inputs.py). The model is the shipped warm-started tiny model, so the
-rewards are mixed and the vectors carry signal. Everything runs on CPU in a few seconds.
+(tests/golden/make_inputs.py). The model is the demo's warm-started tiny model as shipped
+then (tests/golden/model), so the rewards are mixed and the vectors carry signal. Everything runs on CPU in a few seconds.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden"
-MODEL = HERE.parent / "cropi" / "demo" / "assets" / "warmstart-tiny"
+MODEL = GOLDEN / "model"  # the demo's shipped model at 12489f8, kept byte for byte as this case's input
 SPLITS = ("pool", "val_a", "val_b")
 COLLECT = ["--backend", "hf", "--samples", "6", "--max-new-tokens", "96", "--temperature", "0.7",
            "--reward", "exact_numeric", "--seed", "3"]
@@ -46,7 +46,7 @@ def capture(root: Path) -> dict:
     """Run the fixed case through the CLI under ``root``; return what is pinned."""
     from cropi.store import GradientStore, TrajectoryStore
 
-    assert (MODEL / "config.json").is_file(), f"the golden case needs the shipped model at {MODEL}"
+    assert (MODEL / "config.json").is_file(), f"the golden case needs its model at {MODEL}"
     out: dict = {"trajectories": {}, "vectors": {}, "rankings": {}}
     for split in SPLITS:
         traj = root / "traj" / split

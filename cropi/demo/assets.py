@@ -1,7 +1,7 @@
 """The demo's warm-started model: shipped with the package, or built on request.
 
 Warm-starting takes longer than the whole ``--quick`` budget on 2 CPU cores, so the
-package ships the result (``assets/warmstart-tiny``, a few MB of safetensors) and
+package ships the result (``assets/warmstart-skills``, under 2 MB of safetensors) and
 ``python -m cropi.demo.build_assets`` rebuilds it, deterministically, from the
 recipe below.
 """
