@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {"baseline": _baseline(report, a.seed)}
     for variant in a.variants.split(","):
         results[variant] = _run(demo, variant, a.seed)
-        print(variant, json.dumps(results[variant]["target_sampled"]), flush=True)
+        print(variant, json.dumps(results[variant].get("target_sampled") or results[variant]), flush=True)
     doc = {"benchmark": "cropi_variants", "demo": str(demo), "seed": a.seed, "settings": report["settings"],
            "results": results}
     out = Path(a.out)
