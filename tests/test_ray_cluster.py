@@ -46,7 +46,7 @@ def cluster():
     port = _free_port()
     ray_bin = Path(sys.executable).with_name("ray")
     head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={port}", f"--temp-dir={temp}",
-                             "--num-cpus=2", "--num-gpus=0", "--include-dashboard=false", "--disable-usage-stats"],
+                             "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0", "--include-dashboard=false", "--disable-usage-stats"],
                             env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     address = f"127.0.0.1:{port}"
     try:
