@@ -29,6 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CLI = "import sys; from cropi.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
+_HOME = tempfile.mkdtemp(prefix="cropi-ray-home-")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -37,7 +40,8 @@ def _free_port() -> int:
 
 def _env() -> dict:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    return dict(os.environ, PYTHONPATH=path, RAY_USAGE_STATS_ENABLED="0")
+    # Its own HOME: a ~/.ray/auth_token another Ray user left must not switch this cluster to token auth.
+    return dict(os.environ, PYTHONPATH=path, RAY_USAGE_STATS_ENABLED="0", HOME=_HOME)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +50,7 @@ def cluster():
     port = _free_port()
     ray_bin = Path(sys.executable).with_name("ray")
     head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={port}", f"--temp-dir={temp}",
-                             "--num-cpus=2", "--num-gpus=0", "--include-dashboard=false", "--disable-usage-stats"],
+                             "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0", "--include-dashboard=false", "--disable-usage-stats"],
                             env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     address = f"127.0.0.1:{port}"
     try:
@@ -93,7 +97,7 @@ def test_collect_on_a_separate_cluster_from_another_folder(cluster, tmp_path):
     assert "workers" in proc.stderr and "2/2" in proc.stderr
 
 
-def test_a_worker_without_gpus_sees_none(cluster):
+def test_a_worker_without_gpus_sees_none(cluster, monkeypatch):
     from cropi.pipeline.distribute import run_sharded
     from pydantic import BaseModel
 
@@ -101,6 +105,7 @@ def test_a_worker_without_gpus_sees_none(cluster):
         shard: tuple[int, int] = (0, 1)
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this module
+    monkeypatch.setenv("HOME", _HOME)
     ray.init(address=cluster, log_to_driver=False)
     try:
         results = run_sharded(_visible_devices, Probe(), workers=2, address=cluster)
