@@ -40,8 +40,10 @@ def _free_port() -> int:
 
 def _env() -> dict:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    # Its own HOME: a ~/.ray/auth_token another Ray user left must not switch this cluster to token auth.
-    return dict(os.environ, PYTHONPATH=path, RAY_USAGE_STATS_ENABLED="0", HOME=_HOME)
+    # Auth off, explicitly, and its own HOME: an in-process ray.init() earlier in this pytest run
+    # sets RAY_AUTH_MODE=token in os.environ, and a ~/.ray/auth_token another Ray user left would
+    # switch the cluster to token auth as well (both seen in CI).
+    return dict(os.environ, PYTHONPATH=path, RAY_USAGE_STATS_ENABLED="0", HOME=_HOME, RAY_AUTH_MODE="disabled")
 
 
 @pytest.fixture(scope="module")

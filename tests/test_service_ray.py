@@ -45,7 +45,7 @@ def test_jobs_run_and_cancel_as_ray_tasks(tmp_path, monkeypatch):
         assert isinstance(runner.launcher, RayLauncher)
         work = tmp_path / "work"
         steps = jobs.create("steps", f"{JOBS}:steps_job", {"dir": str(work), "steps": 3, "sleep": 0.05})
-        wait = jobs.create("wait", f"{JOBS}:wait_job", {"release": str(tmp_path / "never"), "timeout": 120})
+        wait = jobs.create("wait", f"{JOBS}:wait_job", {"name": "never", "timeout": 120})
         wait_until(lambda: jobs.get(steps.id).state == "succeeded", 120, "the Ray steps job")
         assert jobs.get(steps.id).progress == {"stage": "steps", "done": 3, "total": 3}
         wait_until(lambda: jobs.get(wait.id).progress is not None, 60, "the Ray wait job to report")

@@ -199,7 +199,7 @@ def test_load_errors_say_what_is_expected(tmp_path, tiny):
     no_weights = tmp_path / "no_weights"
     no_weights.mkdir()
     shutil.copy(tiny / "config.json", no_weights / "config.json")
-    with pytest.raises(InvalidInputError, match="cannot load"):
+    with pytest.raises(InvalidInputError, match="has no weights: expected model.safetensors"):
         load_causal_lm(no_weights)
     with pytest.raises(InvalidInputError, match="tokenizer"):
         load_tokenizer(no_tok)

@@ -205,7 +205,7 @@ def test_bad_options_raise_a_clear_error(name, options, message):
 
 
 def test_unknown_trainer_and_wrong_options_type():
-    with pytest.raises(UnknownTrainerError, match="available: trl, verl"):
+    with pytest.raises(UnknownTrainerError, match="available: lean, trl, verl"):
         make_trainer("deepspeed-chat")
     from cropi.trainers.trl import TrlTrainer
 
