@@ -196,3 +196,21 @@ def test_ippo_with_validation_rollouts_and_its_early_stop(model_dir, data, tmp_p
     assert result.steps_done == stopped + 1 and result.metrics["early_stopped"] == 1.0
     assert "early stop" in open(result.log_path).read()
     assert all(0 <= r["filtered_fraction"] <= 1 and r["filter_s"] <= r["step_s"] for r in rows)
+
+
+def test_demo_online_methods_map_to_valid_trainer_options():
+    from cropi.demo.runner import curriculum_config
+    from cropi.demo.settings import METHODS, DemoSettings
+
+    assert set(DemoSettings().methods) == set(METHODS)  # the default comparison is unchanged
+    settings = DemoSettings.make(quick=True, methods=("cropi", "full", "ippo", "iif", "random_filter", "cropi+iif"))
+    data = {k: f"/data/{k}.jsonl" for k in ("pool", "val_count", "val_maxd", "test_count", "test_maxd")}
+    expected = {"ippo": ("full", "ippo"), "iif": ("full", "iif"), "random_filter": ("full", "random"),
+                "cropi+iif": ("cropi", "iif"), "full": ("full", "none"), "cropi": ("cropi", "none")}
+    for method, (selection, policy) in expected.items():
+        config = curriculum_config(settings, method, 1, "/model", data)
+        trainer = make_trainer("lean", **config.trainer_options)
+        assert (config.method, trainer.options.online_filter.policy) == (selection, policy), method
+        assert config.name == f"{method.replace('+', '-')}-seed1"
+    ippo = make_trainer("lean", **curriculum_config(settings, "ippo", 0, "/model", data).trainer_options)
+    assert ippo.options.online_filter.validation_files == {"val_count": data["val_count"], "val_maxd": data["val_maxd"]}
