@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 
 import pytest
 import torch
@@ -17,13 +18,15 @@ from cropi.tasks.skills import make_splits
 from cropi.trainers import TrainerOptionsError, make_trainer
 from cropi.trainers.filters import GradientEngine, OnlineFilter, OnlineFilterOptions, Responses, drop_set
 
-DIGITS = "test_online_digits"
+NOISY = "test_online_noisy"
 IDENTITY = ProjectionSpec(kind="identity", kept_fraction=1.0)
 
 
-@register_reward(DIGITS, replace=True)
-def _digit_share(text: str, answer: str) -> float:
-    return sum(c.isdigit() for c in text) / max(len(text), 1)
+@register_reward(NOISY, replace=True)
+def _text_parity(text: str, answer: str) -> float:
+    # a random tiny model rarely earns a task reward; a hash of the text gives every group variance,
+    # so influences of both signs appear
+    return float(zlib.crc32(text.encode()) % 2)
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +166,7 @@ BASE = dict(batch_prompts=4, rollouts=4, max_new_tokens=4, lr=1e-3, kl_coef=0.01
 def train(model_dir, data, out, steps=2, **filter_opts):
     trainer = make_trainer("lean", **BASE, online_filter=filter_opts)
     return trainer.train_stage(model=str(model_dir), subset=str(data / "subset.parquet"), out_dir=str(out),
-                               steps=steps, seed=3, stage=0, reward=DIGITS)
+                               steps=steps, seed=3, stage=0, reward=NOISY)
 
 
 def rows_of(result):

@@ -190,7 +190,9 @@ class GradientEngine:
 
         sub = resp.take(live)
         beh = (behavior[live] if behavior is not None else torch.zeros_like(sub.mask)).to(device)
-        per = vmap(grad(loss), in_dims=(None, 0, 0, 0, 0, 0, 0), chunk_size=self.chunk)
+        # chunk_size only when needed: vmap concatenates chunk results, a copy of every gradient
+        chunk = self.chunk if len(live) > self.chunk else None
+        per = vmap(grad(loss), in_dims=(None, 0, 0, 0, 0, 0, 0), chunk_size=chunk)
         with _eager(model):
             grads = per(trained, sub.ids.to(device), sub.positions.to(device), sub.targets.to(device),
                         sub.mask.to(device), adv[live].to(device, torch.float32), beh)
