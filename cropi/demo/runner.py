@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 from cropi.data import write_jsonl
 from cropi.demo.assets import place_model, task_splits
 from cropi.demo.log import LogProgress, say
-from cropi.demo.settings import DemoSettings
+from cropi.demo.settings import ONLINE_METHODS, DemoSettings
 from cropi.demo.work import init_worker, run_collect, run_gradients, run_method
 from cropi.pipeline.curriculum import (CollectOptions, CurriculumConfig, CurriculumPaths, collect_jobs,
                                        collect_trajectories, gradient_jobs, scoring_splits)
@@ -37,7 +37,7 @@ from cropi.projection import ProjectionSpec
 from cropi.tasks import skills
 
 # CROPI first: its runs are the longest (gradients at every stage), so they start first.
-ORDER = ("cropi", "pass_rate", "oracle", "full", "random")
+ORDER = ("cropi", "cropi+iif", "pass_rate", "oracle", "ippo", "iif", "random_filter", "full", "random")
 
 
 def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = False) -> dict:
@@ -105,17 +105,24 @@ def test_files(data: dict[str, str]) -> dict[str, str]:
 
 def curriculum_config(settings: DemoSettings, method: str, seed: int, model: str, data: dict) -> CurriculumConfig:
     """One run of the comparison: only ``method`` and ``seed`` differ between runs."""
+    selection = ONLINE_METHODS[method][0] if method in ONLINE_METHODS else method
     return CurriculumConfig(
-        name=f"{method}-seed{seed}", model=model, pool=data["pool"],
+        name=f"{run_label(method)}-seed{seed}", model=model, pool=data["pool"],
         validation=validation_files(data), stages=settings.stages,
-        select_fraction=settings.select_fraction, steps_per_stage=settings.steps_per_stage, method=method,
-        trainer="lean", trainer_options=settings.trainer_options(test_files(data)), seed=seed,
+        select_fraction=settings.select_fraction, steps_per_stage=settings.steps_per_stage, method=selection,
+        trainer="lean", trainer_options=settings.trainer_options(test_files(data), method, validation_files(data)),
+        seed=seed,
         reward=settings.reward,
         collect=CollectOptions(pool_samples=settings.pool_samples, validation_samples=settings.validation_samples,
                                temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
                                seed=0, backend="hf", batch_prompts=64, backend_options={"max_batch_rows": 512}),
         projection=ProjectionSpec(dim=settings.projection_dim, kept_fraction=settings.kept_fraction),
         gradient_dtype="float32", device="cpu")
+
+
+def run_label(method: str) -> str:
+    """A method's name as a folder name ("cropi+iif" -> "cropi-iif")."""
+    return method.replace("+", "-")
 
 
 def _collect(pool, settings: DemoSettings, config: CurriculumConfig, root: str, model: str) -> dict[str, str]:
@@ -137,9 +144,10 @@ def _score_initial(pool, settings: DemoSettings, config: CurriculumConfig, root:
 
 def _train(pool, configs: list[CurriculumConfig], root: str) -> list[dict]:
     futures = {pool.submit(run_method, c.model_dump(mode="json"), root): c.name for c in configs}
+    methods = {f"{run_label(m)}-seed{c.seed}": m for c in configs for m in ORDER}
     runs = []
     for n, future in enumerate(cf.as_completed(futures), start=1):
-        runs.append(future.result())
+        runs.append(future.result() | {"method": methods[futures[future]]})  # the demo's method, not the selection
         say(f"runs finished: {n}/{len(futures)} ({futures[future]})")
     return runs
 

@@ -10,6 +10,10 @@ from cropi.errors import InvalidInputError
 
 # The comparison: CROPI, the pool, and the selections it has to beat or approach.
 METHODS = ("cropi", "full", "random", "pass_rate", "oracle")
+# Online influence filters inside the trainer (docs/online_filtering.md), opt-in with ``methods``
+# (outside the default list and its 15-minute budget): demo method -> (the stage's selection, filter policy).
+ONLINE_METHODS = {"ippo": ("full", "ippo"), "iif": ("full", "iif"), "random_filter": ("full", "random"),
+                  "cropi+iif": ("cropi", "iif")}
 
 
 class DemoSettingsError(InvalidInputError):
@@ -43,12 +47,13 @@ class DemoSettings(BaseModel):
     eval_samples: int = Field(4, ge=1, description="k of the sampled test accuracy mean@k")
     reward: str = "exact_numeric"
     workers: int = Field(2, ge=1, description="processes running curricula side by side (one per core)")
+    iif_p: float = Field(0.25, gt=0, le=1, description="online methods iif, random_filter, cropi+iif: IIF's p")
 
     @model_validator(mode="after")
     def _known_methods(self) -> "DemoSettings":
-        unknown = [m for m in self.methods if m not in METHODS]
+        unknown = [m for m in self.methods if m not in METHODS and m not in ONLINE_METHODS]
         if unknown:
-            raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
+            raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS) + list(ONLINE_METHODS)}")
         if "full" not in self.methods or "cropi" not in self.methods:
             raise ValueError("the demo compares CROPI with full-pool training: keep 'cropi' and 'full' in methods")
         return self
@@ -85,7 +90,17 @@ class DemoSettings(BaseModel):
             sizes |= {val: self.val_size, test: self.test_size}
         return sizes
 
-    def trainer_options(self, test_files: dict[str, str]) -> dict[str, Any]:
-        return {"lr": self.lr, "batch_prompts": self.batch_prompts, "rollouts": self.rollouts,
-                "kl_coef": self.kl_coef, "max_new_tokens": self.max_new_tokens, "eval_files": test_files,
-                "eval_every": self.eval_every, "eval_samples": self.eval_samples}
+    def trainer_options(self, test_files: dict[str, str], method: str = "full",
+                        validation_files: dict[str, str] | None = None) -> dict[str, Any]:
+        options = {"lr": self.lr, "batch_prompts": self.batch_prompts, "rollouts": self.rollouts,
+                   "kl_coef": self.kl_coef, "max_new_tokens": self.max_new_tokens, "eval_files": test_files,
+                   "eval_every": self.eval_every, "eval_samples": self.eval_samples}
+        if method in ONLINE_METHODS:
+            policy = ONLINE_METHODS[method][1]
+            online = {"policy": policy, "projection": {"dim": self.projection_dim, "kept_fraction": self.kept_fraction}}
+            if policy == "ippo":
+                online["validation_files"] = dict(validation_files or {})
+            else:
+                online["p"] = self.iif_p
+            options["online_filter"] = online
+        return options

@@ -33,6 +33,7 @@ from pydantic import Field
 
 from cropi.errors import InvalidInputError
 from cropi.trainers.base import GrpoOptions, StageResult, TrainerAdapter, check_stage_args
+from cropi.trainers.filters import OnlineFilterOptions
 from cropi.trainers.lineage import StageMarker, read_marker
 
 NAME = "lean"
@@ -52,6 +53,8 @@ class LeanOptions(GrpoOptions):
     eval_every: int = Field(10, ge=1, description="global steps between evaluations (and at each stage end)")
     eval_samples: int = Field(4, ge=0, description="k of the sampled mean@k (0: greedy only)")
     device: Literal["cpu", "cuda", "auto"] = "cpu"
+    online_filter: OnlineFilterOptions = Field(default_factory=OnlineFilterOptions,
+                                               description="I-PPO / IIF filter between rollout and update")
 
 
 class LeanTrainer(TrainerAdapter):
@@ -71,7 +74,8 @@ class LeanTrainer(TrainerAdapter):
         if run.start_step == 0:
             run.evaluate(0)
         for i in range(steps):
-            run.step(run.start_step + i + 1, last=i == steps - 1)
+            if run.step(run.start_step + i + 1, last=i == steps - 1):
+                break  # the filter's early stop: the step evaluated and logged it
         return run.finish(time.monotonic() - began)
 
 
@@ -111,12 +115,31 @@ class _Run:
         self.optimizer = adamw(self.policy, lr=opts.lr, weight_decay=opts.weight_decay,
                                carry=opts.carry_optimizer, previous=self.previous, trainer=NAME)
         self.order = _PromptOrder(len(self.prompts), self.seed)
+        self.filter = self._make_filter(opts.online_filter)
         self.out.mkdir(parents=True, exist_ok=True)
         self.metrics_path, self.log_path = self.out / "metrics.jsonl", self.out / "train.log"
         self.metrics_path.write_text("")
         self.log_path.write_text(f"stage {self.stage}: lean GRPO from global step {self.start_step}\n")
 
-    def step(self, step: int, *, last: bool) -> None:
+    def _make_filter(self, fopts: OnlineFilterOptions):
+        """The online filter of this stage (None when off); I-PPO's validation rollouts are sampled here."""
+        if fopts.policy == "none":
+            return None
+        from cropi.generation.base import SamplingConfig
+        from cropi.trainers.filters import OnlineFilter
+
+        online = OnlineFilter(fopts, self.policy, pad_id=self.sampler.pad_id, seed=_step_seed(self.seed, -1))
+        if fopts.resolved_target == "validation":
+            sets = {name: _stage_prompts(path, self.tokenizer, self.opts)
+                    for name, path in fopts.validation_files.items()}
+            self.policy.eval()
+            online.sample_validation(self.sampler, sets, self.reward_fn, SamplingConfig(
+                samples=fopts.validation_rollouts, temperature=self.opts.temperature,
+                max_new_tokens=self.opts.max_new_tokens, seed=_step_seed(self.seed, -2)))
+        return online
+
+    def step(self, step: int, *, last: bool) -> bool:
+        """One GRPO step; True when the online filter ends the stage early."""
         import torch
 
         from cropi.generation.base import SamplingConfig
@@ -134,21 +157,37 @@ class _Run:
         rewards = [r or 0.0 for p, g in zip(batch, groups)
                    for r in score_responses(self.reward_fn, [s.text for s in g], p["answer"])]
         adv = group_advantages(torch.tensor(rewards), opts.rollouts)
-        stats = self._update(batch, groups, adv)
+        zero_groups = float((adv.reshape(-1, opts.rollouts).abs().sum(1) == 0).float().mean())
+        seqs = [(p["ids"], s.token_ids) for p, g in zip(batch, groups) for s in g]
+        filtered, stop = {}, False
+        if self.filter is not None:
+            # filter: influence at the step's starting parameters; kept responses keep their full-group advantages
+            result = self.filter.select(seqs, adv)
+            seqs, adv = [seqs[i] for i in result.keep], adv[torch.tensor(result.keep, dtype=torch.long)]
+            filtered = result.row()
+            threshold = opts.online_filter.early_stop_fraction
+            stop = threshold is not None and filtered["filtered_fraction"] >= threshold
+        t2 = time.monotonic()
+        stats = self._update(seqs, adv)
         row = {"stage": self.stage, "step": step, "reward_mean": sum(rewards) / len(rewards),
-               "zero_advantage_groups": float((adv.reshape(-1, opts.rollouts).abs().sum(1) == 0).float().mean()),
-               "sample_s": t1 - t0, "update_s": time.monotonic() - t1, **stats}
+               "zero_advantage_groups": zero_groups,
+               "sample_s": t1 - t0, "update_s": time.monotonic() - t2, **filtered, **stats,
+               "step_s": time.monotonic() - t0}
+        if stop:
+            row["early_stop"] = True
         self._log(row)
-        if step % opts.eval_every == 0 or last:
+        if step % opts.eval_every == 0 or last or stop:
             self.evaluate(step)
+        return stop
 
-    def _update(self, batch: list[dict], groups: list, adv) -> dict:
+    def _update(self, seqs: list[tuple[list[int], list[int]]], adv) -> dict:
         import torch
 
         from cropi.trainers.objective import grpo_loss, token_logprobs
 
         opts = self.opts
-        seqs = [(p["ids"], s.token_ids) for p, g in zip(batch, groups) for s in g]
+        if not seqs:  # the filter dropped every response: no update this step
+            return {"loss": 0.0, "grad_norm": 0.0, "kl": 0.0, "tokens": 0.0}
         ids, attn, mask = _right_pad(seqs, self.sampler.pad_id, self.policy.device)
         self.policy.train()
         logp = token_logprobs(self.policy, ids, attn)
@@ -185,6 +224,10 @@ class _Run:
             trainer=NAME, reference_model=self.reference, stage=self.stage, global_step=global_step))
         train = [r for r in self.rows if "eval" not in r]
         metrics = {"runtime_s": runtime, "steps_logged": float(len(train))}
+        if any(r.get("early_stop") for r in train):
+            metrics["early_stopped"] = 1.0
+        if train and "filtered_fraction" in train[0]:
+            metrics["filtered_fraction_mean"] = sum(r["filtered_fraction"] for r in train) / len(train)
         if train:
             metrics |= {"reward_mean": sum(r["reward_mean"] for r in train) / len(train),
                         "reward_first": train[0]["reward_mean"], "reward_last": train[-1]["reward_mean"],
@@ -206,8 +249,14 @@ def _line(row: dict) -> str:
         parts = [f"{name} " + " ".join(f"{k} {v:.3f}" for k, v in res.items() if k not in ("n", "by_group"))
                  for name, res in row["eval"].items()]
         return f"stage {row['stage']} step {row['step']} eval: " + "; ".join(parts)
-    return (f"stage {row['stage']} step {row['step']}: reward {row['reward_mean']:.3f} loss {row['loss']:.4f} "
+    line = (f"stage {row['stage']} step {row['step']}: reward {row['reward_mean']:.3f} loss {row['loss']:.4f} "
             f"kl {row['kl']:.4g} ({row['sample_s']:.2f}s sample, {row['update_s']:.2f}s update)")
+    if "filtered_fraction" in row:
+        line += (f"; filtered {row['filtered_fraction']:.3f}, mean influence {row['influence_mean']:.3g} "
+                 f"({row['filter_s']:.2f}s filter of {row['step_s']:.2f}s)")
+    if row.get("early_stop"):
+        line += "; early stop: the filtered fraction reached online_filter.early_stop_fraction"
+    return line
 
 
 def _stage_prompts(subset: str, tokenizer, opts: LeanOptions) -> list[dict]:

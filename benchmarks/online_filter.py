@@ -1,0 +1,103 @@
+"""Online filter cost on the demo: filter seconds against the step's own seconds, side by side.
+
+The shipped warm-started demo model on the demo's pool with the demo's GRPO settings
+(8 prompts x 8 rollouts a step, 4 new tokens, lr 3e-4, no KL), the real ``exact_numeric``
+reward, one torch thread. Three lean trainers run the same seed in one process, their stages
+interleaved step by step so that load on the machine hits all of them alike:
+
+- ``none``: no filter (the step's own cost: rollout, rewards, advantages, update);
+- ``iif`` (p = 0.25, the buffer's own objective as target);
+- ``ippo`` (the two targeted validation sets as target, 8 prompts x 8 rollouts each per stage).
+
+``filter_cost_ratio`` = the filtered runs' mean ``filter_s`` per step / the unfiltered run's mean
+``step_s`` (the worse of iif and ippo). Medians are reported beside the means.
+
+    python benchmarks/online_filter.py [--steps 20] --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+SETTINGS = dict(lr=3e-4, batch_prompts=8, rollouts=8, max_new_tokens=4, kl_coef=0.0)
+PROJECTION = {"dim": 2048, "kept_fraction": 0.1}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--out", default="benchmarks/results")
+    a = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = _data(Path(tmp))
+        filters = {"none": {"policy": "none"},
+                   "iif": {"policy": "iif", "p": 0.25, "projection": PROJECTION},
+                   "ippo": {"policy": "ippo", "projection": PROJECTION, "validation_files": data["validation"]}}
+        rows = _interleaved(filters, data["pool"], Path(tmp), a.steps)
+    base = [r["step_s"] for r in rows["none"]]
+    results = {"none": {"step_s_mean": statistics.fmean(base), "step_s_median": statistics.median(base)}}
+    for name in ("iif", "ippo"):
+        f = [r["filter_s"] for r in rows[name]]
+        results[name] = {"filter_s_mean": statistics.fmean(f), "filter_s_median": statistics.median(f),
+                         "step_s_mean": statistics.fmean(r["step_s"] for r in rows[name]),
+                         "filtered_fraction_mean": statistics.fmean(r["filtered_fraction"] for r in rows[name]),
+                         "filter_cost_ratio": statistics.fmean(f) / statistics.fmean(base),
+                         "filter_cost_ratio_median": statistics.median(f) / statistics.median(base)}
+    doc = {"benchmark": "online_filter", "model": "cropi demo warm-start (tiny Qwen2, shipped)",
+           "settings": SETTINGS | {"steps": a.steps, "torch_threads": 1, "projection": PROJECTION},
+           "machine": platform.processor() or platform.machine(),
+           "filter_cost_ratio": max(results[n]["filter_cost_ratio"] for n in ("iif", "ippo")),
+           "goal": "<= 0.5", "results": results}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "online_filter.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc, indent=1))
+    return 0
+
+
+def _data(folder: Path) -> dict:
+    from cropi.data import write_jsonl, write_verl_parquet
+    from cropi.demo.assets import task_splits
+    from cropi.tasks.skills import TARGETS
+
+    splits = task_splits()
+    write_verl_parquet(splits["pool"], str(folder / "pool.parquet"))
+    validation = {}
+    for val, _ in TARGETS.values():
+        validation[val] = str(folder / f"{val}.jsonl")
+        write_jsonl(splits[val], validation[val])
+    return {"pool": str(folder / "pool.parquet"), "validation": validation}
+
+
+def _interleaved(filters: dict, pool: str, tmp: Path, steps: int) -> dict[str, list[dict]]:
+    """Each run's stage driven one step at a time, the runs taking turns."""
+    from cropi.demo.assets import shipped_model
+    from cropi.rewards import get_reward
+    from cropi.trainers import make_trainer
+    from cropi.trainers.lean import _Run
+
+    runs = {}
+    for name, f in filters.items():
+        trainer = make_trainer("lean", **SETTINGS, online_filter=f)
+        run = _Run(trainer.options, str(shipped_model()), get_reward("exact_numeric"), tmp / name, 0, 0)
+        run.load(pool)
+        runs[name] = run
+    began = time.perf_counter()
+    for step in range(1, steps + 1):
+        for run in runs.values():
+            run.step(step, last=False)
+    print(f"{steps} steps x {len(runs)} runs in {time.perf_counter() - began:.0f}s")
+    return {name: [r for r in run.rows if "eval" not in r] for name, run in runs.items()}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,327 @@
+"""Online influence filtering inside a GRPO step: I-PPO and IIF on the POPI gradient engine.
+
+Between rollout and update, every response ``z = (x, y)`` of the step's buffer gets an
+influence score at the step's starting parameters ``theta_k`` (../shared/METHOD.md, last
+section)::
+
+    g(z)  = grad [ -(1/|y|) sum_t rho_t A(z) ]                  rho = 1 on-policy (POPI's per-response loss)
+    t     = validation: mean over the validation sets of their mean POPI gradient   (I-PPO)
+            buffer:     grad [ -mean_{z in B} log pi(y|x) A(z) ] = mean_z |y_z| g(z)  (IIF: no extra work)
+    I(z)  = < P g(z), P t >      (score="dot", the first-order change of the target; "cosine" divides
+                                   by both norms, so long or large-advantage responses do not dominate)
+
+Both ``g`` and ``t`` are *loss* gradients (POPI's sign), so ``I(z) > 0`` means a step on ``z``
+lowers the target loss to first order; flipping both signs leaves ``I`` unchanged. ``P`` is
+the projection a ``ProjectionSpec`` names (cropi.projection); ``P t`` of the buffer target
+is ``mean |y_z| P g(z)`` because ``P`` is linear, so IIF costs the per-response gradients only.
+
+Policies (what is dropped; the rest is trained on):
+
+- ``ippo``: every response with ``I(z) < 0``.
+- ``iif``: the ``floor(p * n_negative)`` most negative responses (never more than the fraction p).
+- ``random``: a uniformly random set of responses of the size ``iif`` would drop at that
+  step (the control: same influence work, same update size, no information).
+
+A dropped response leaves its group's other members with the advantages of the *full*
+group: the advantages are the rollout's estimate of each response's value against its
+prompt's baseline, and re-normalising over the survivors would change the kept responses'
+signal because of what was dropped (a group with its only correct answer dropped would
+turn its best wrong answer positive).
+
+Per-response gradients come from one ``torch.func.vmap`` over ``grad`` of the per-response
+loss, with eager attention (sdpa under vmap fails with a mask, see DESIGN.md), right
+padding and no attention mask (causal attention never looks at the padding after a row's
+tokens) and the LM head applied only at the response positions. Responses whose advantage
+is 0 have ``g(z) = 0`` exactly and are skipped (influence 0: never negative, never dropped).
+
+The I-PPO target uses the validation prompts' own rollouts, sampled once per stage from the
+stage's starting policy and reused at every step with POPI's importance ratio
+``pi_theta_k / pi_theta_m`` (unclipped): no sampling per step, an unbiased estimate at ``theta_k``,
+and within a stage the policy moves little (CROPI's own argument for reusing trajectories).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal, Optional, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cropi.projection import ProjectionSpec, make_projector
+
+Policy = Literal["none", "ippo", "iif", "random"]
+
+
+class OnlineFilterOptions(BaseModel):
+    """The filter step of the lean trainer; ``policy="none"`` turns it off."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: Policy = "none"
+    p: float = Field(0.25, gt=0, le=1, description="iif and random: fraction of the negative-influence responses dropped")
+    target: Literal["auto", "validation", "buffer"] = Field(
+        "auto", description="auto: validation for ippo, buffer (IIF's own objective) for iif and random")
+    score: Literal["dot", "cosine"] = "dot"
+    projection: ProjectionSpec = ProjectionSpec(dim=2048, kept_fraction=0.1)
+    validation_files: dict[str, str] = Field(default_factory=dict, description="validation set name -> prompt file")
+    validation_prompts: int = Field(8, ge=1, description="prompts per validation set, drawn once per stage")
+    validation_rollouts: int = Field(8, ge=2, description="responses per validation prompt (sampled per stage)")
+    early_stop_fraction: Optional[float] = Field(
+        None, gt=0, le=1, description="end the stage once a step's filtered fraction reaches this (I-PPO)")
+    chunk: int = Field(64, ge=1, description="responses per vmap call (bounds memory)")
+
+    @model_validator(mode="after")
+    def _target_has_data(self) -> "OnlineFilterOptions":
+        if self.resolved_target == "validation" and not self.validation_files:
+            raise ValueError("the validation target (policy ippo, or target='validation') needs validation_files: "
+                             "name -> prompt file")
+        return self
+
+    @property
+    def resolved_target(self) -> str:
+        if self.target != "auto":
+            return self.target
+        return "validation" if self.policy == "ippo" else "buffer"
+
+
+# ---------------------------------------------------------------- the policies (pure)
+
+
+def drop_set(policy: Policy, influence: torch.Tensor, p: float, rng: random.Random) -> list[int]:
+    """Indices (ascending) that ``policy`` drops, given one influence score per response."""
+    if policy == "none":
+        return []
+    negative = [i for i in range(len(influence)) if float(influence[i]) < 0]
+    if policy == "ippo":
+        return negative
+    n = math.floor(p * len(negative) + 1e-9)  # the epsilon keeps p * n exact where it is an integer
+    if policy == "iif":
+        worst = sorted(negative, key=lambda i: (float(influence[i]), i))[:n]
+        return sorted(worst)
+    if policy == "random":
+        return sorted(rng.sample(range(len(influence)), n))
+    raise ValueError(f"unknown filter policy {policy!r}: use none, ippo, iif or random")
+
+
+def scores(grads: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:
+    """Influence of each row of ``grads`` (n, k) against ``target`` (k,): dot or cosine (0 for a zero row)."""
+    dots = grads.double() @ target.double()
+    if kind == "dot":
+        return dots
+    norms = grads.double().norm(dim=1) * target.double().norm()
+    return torch.where(norms > 0, dots / norms.clamp(min=1e-300), torch.zeros_like(dots))
+
+
+# ---------------------------------------------------------------- per-response gradients
+
+
+@dataclass
+class Responses:
+    """One buffer, right padded: ids (n, L); per response its target positions, tokens and mask (n, R)."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor   # logits at position t predict token t + 1
+    targets: torch.Tensor
+    mask: torch.Tensor
+    lengths: torch.Tensor     # |y| (float)
+
+    @classmethod
+    def build(cls, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> "Responses":
+        width = max(len(p) + len(r) for p, r in seqs)
+        resp = max(max(len(r) for _, r in seqs), 1)
+        n = len(seqs)
+        ids = torch.full((n, width), pad_id, dtype=torch.long)
+        positions = torch.zeros((n, resp), dtype=torch.long)
+        targets = torch.full((n, resp), pad_id, dtype=torch.long)
+        mask = torch.zeros((n, resp))
+        for i, (p, r) in enumerate(seqs):
+            ids[i, :len(p) + len(r)] = torch.tensor(list(p) + list(r))
+            k = len(r)
+            positions[i, :k] = torch.arange(len(p) - 1, len(p) - 1 + k)
+            targets[i, :k] = torch.tensor(list(r), dtype=torch.long)
+            mask[i, :k] = 1.0
+        return cls(ids, positions, targets, mask, mask.sum(1))
+
+    def take(self, index: torch.Tensor) -> "Responses":
+        return Responses(self.ids[index], self.positions[index], self.targets[index], self.mask[index],
+                         self.lengths[index])
+
+
+class GradientEngine:
+    """Projected per-response POPI gradients of a live model, without touching its ``.grad`` or flags."""
+
+    def __init__(self, model: torch.nn.Module, spec: ProjectionSpec, *, chunk: int = 64):
+        self.model, self.chunk = model, chunk
+        shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        self.projector = make_projector(spec, shapes, device=next(model.parameters()).device)
+        self.names = list(self.projector.param_names)
+        self._covered = set(self.names)
+
+    def per_response(self, resp: Responses, adv: torch.Tensor, behavior: Optional[torch.Tensor] = None
+                     ) -> torch.Tensor:
+        """``P g(z)`` for every response (n, k); rows with advantage 0 are exactly 0 and not computed.
+
+        ``behavior`` (n, R): log-probs of the policy that sampled the responses (POPI's ratio);
+        None means on-policy (ratio 1).
+        """
+        from torch.func import functional_call, grad, vmap
+
+        out = torch.zeros(len(adv), self.projector.out_dim, device=self.projector.device)
+        live = torch.nonzero(adv != 0).squeeze(1)
+        if live.numel() == 0:
+            return out
+        model, device = self.model, next(self.model.parameters()).device
+        trained = {n: p.detach() for n, p in model.named_parameters() if n in self._covered}
+        fixed = {n: p.detach() for n, p in model.named_parameters() if n not in self._covered}
+        fixed |= dict(model.named_buffers())
+
+        def loss(params, ids, pos, tgt, mask, a, beh):
+            logits = functional_call(model, (params, fixed), (ids[None],),
+                                     {"use_cache": False, "logits_to_keep": pos}).logits[0]
+            lp = torch.log_softmax(logits.float(), dim=-1).gather(1, tgt[:, None])[:, 0]
+            old = lp.detach() if behavior is None else beh  # on-policy: rho = 1, grad rho = grad log pi
+            ratio = torch.exp((lp - old) * mask)
+            return -(a * (ratio * mask).sum() / mask.sum().clamp(min=1.0))
+
+        sub = resp.take(live)
+        beh = (behavior[live] if behavior is not None else torch.zeros_like(sub.mask)).to(device)
+        # chunk_size only when needed: vmap concatenates chunk results, a copy of every gradient
+        chunk = self.chunk if len(live) > self.chunk else None
+        per = vmap(grad(loss), in_dims=(None, 0, 0, 0, 0, 0, 0), chunk_size=chunk)
+        with _eager(model):
+            grads = per(trained, sub.ids.to(device), sub.positions.to(device), sub.targets.to(device),
+                        sub.mask.to(device), adv[live].to(device, torch.float32), beh)
+        out[live] = self.projector.project((n, grads[n]) for n in self.names)
+        return out
+
+    def summed(self, resp: Responses, adv: torch.Tensor, behavior: torch.Tensor) -> torch.Tensor:
+        """``P`` of the gradient of sum_z POPI loss(z), from one batched backward (k,)."""
+        from torch.func import functional_call
+
+        model, device = self.model, next(self.model.parameters()).device
+        trained = {n: p.detach().requires_grad_(True) for n, p in model.named_parameters() if n in self._covered}
+        fixed = {n: p.detach() for n, p in model.named_parameters() if n not in self._covered}
+        fixed |= dict(model.named_buffers())
+        logits = functional_call(model, (trained, fixed), (resp.ids.to(device),), {"use_cache": False}).logits
+        lp = _picked_logprobs(logits, resp, device)
+        mask = resp.mask.to(device)
+        ratio = torch.exp((lp - behavior.to(device)) * mask)
+        loss = -(adv.to(device, torch.float32) * (ratio * mask).sum(1) / mask.sum(1).clamp(min=1.0)).sum()
+        grads = torch.autograd.grad(loss, list(trained.values()), allow_unused=True)
+        by_name = {n: (g if g is not None else torch.zeros_like(p)) for (n, p), g in zip(trained.items(), grads)}
+        return self.projector.project((n, by_name[n][None]) for n in self.names)[0]
+
+    def token_logprobs(self, resp: Responses) -> torch.Tensor:
+        """Teacher-forced log-probs of the response tokens (n, R), no gradient."""
+        device = next(self.model.parameters()).device
+        with torch.no_grad():
+            return _picked_logprobs(self.model(input_ids=resp.ids.to(device), use_cache=False).logits, resp, device)
+
+
+def _picked_logprobs(logits: torch.Tensor, resp: Responses, device) -> torch.Tensor:
+    """log pi of each response token (n, R) from full logits (n, L, V) of right-padded rows."""
+    pos = resp.positions.to(device)[..., None].expand(-1, -1, logits.shape[-1])
+    picked = torch.log_softmax(logits.gather(1, pos).float(), dim=-1)
+    return picked.gather(2, resp.targets.to(device)[..., None])[..., 0]
+
+
+@dataclass
+class FilterResult:
+    """What the filter did at one step."""
+
+    keep: list[int]
+    dropped: list[int]
+    influence: torch.Tensor
+    seconds: float
+
+    def row(self) -> dict:
+        n = len(self.influence)
+        return {"filtered_fraction": len(self.dropped) / n if n else 0.0,
+                "influence_mean": float(self.influence.mean()) if n else 0.0,
+                "negative_fraction": float((self.influence < 0).double().mean()) if n else 0.0,
+                "filter_s": self.seconds}
+
+
+class OnlineFilter:
+    """The filter step of one stage: its engine, its target, its random stream."""
+
+    def __init__(self, opts: OnlineFilterOptions, model, *, pad_id: int, seed: int):
+        self.opts, self.pad_id = opts, pad_id
+        self.engine = GradientEngine(model, opts.projection, chunk=opts.chunk)
+        self.rng = random.Random(f"cropi.filter:{seed}")
+        self.validation: list[_Validation] = []
+
+    def sample_validation(self, sampler, sets: dict[str, list[dict]], reward_fn, cfg) -> None:
+        """The I-PPO target's rollouts, from the stage's starting policy (``sets``: name -> prompt rows)."""
+        if self.opts.resolved_target != "validation":
+            return
+        from cropi.rewards import score_responses
+
+        self.validation = []
+        for name, rows in sorted(sets.items()):
+            rows = self.rng.sample(rows, min(self.opts.validation_prompts, len(rows)))
+            groups = sampler.generate([r["ids"] for r in rows], [r["id"] for r in rows], cfg)
+            seqs, rewards = [], []
+            for r, g in zip(rows, groups):
+                seqs += [(r["ids"], s.token_ids) for s in g]
+                rewards += [x or 0.0 for x in score_responses(reward_fn, [s.text for s in g], r["answer"])]
+            resp = Responses.build(seqs, self.pad_id)
+            adv = _group_advantages(torch.tensor(rewards), cfg.samples)
+            self.validation.append(_Validation(name, resp, adv, self.engine.token_logprobs(resp), len(rows)))
+
+    def select(self, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], adv: torch.Tensor) -> FilterResult:
+        """Score the buffer at the current parameters and apply the policy."""
+        began = time.perf_counter()
+        grads = self.engine.per_response(Responses.build(seqs, self.pad_id), adv)
+        influence = scores(grads, self.target(grads, seqs), self.opts.score)
+        dropped = drop_set(self.opts.policy, influence, self.opts.p, self.rng)
+        gone = set(dropped)
+        keep = [i for i in range(len(seqs)) if i not in gone]
+        return FilterResult(keep, dropped, influence.float(), time.perf_counter() - began)
+
+    def target(self, grads: torch.Tensor, seqs) -> torch.Tensor:
+        """``P t``: the buffer's sequence-level objective, or the validation sets' mean POPI gradient."""
+        if self.opts.resolved_target == "buffer":
+            lengths = torch.tensor([float(len(r)) for _, r in seqs], device=grads.device)
+            return (lengths[:, None] * grads).mean(0)
+        return torch.stack([v.mean_gradient(self.engine) for v in self.validation]).mean(0)
+
+
+@dataclass
+class _Validation:
+    name: str
+    responses: Responses
+    advantages: torch.Tensor
+    behavior: torch.Tensor
+    n_prompts: int
+
+    def mean_gradient(self, engine: GradientEngine) -> torch.Tensor:
+        """Mean over the set's prompts of P g(s), g(s) = -(1/K) sum_k (1/|y_k|) sum_t rho A (POPI)."""
+        k = len(self.advantages) // self.n_prompts
+        return engine.summed(self.responses, self.advantages, self.behavior) / (k * self.n_prompts)
+
+
+def _group_advantages(rewards: torch.Tensor, size: int) -> torch.Tensor:
+    from cropi.gradients.popi import group_advantages
+
+    return torch.cat([group_advantages(g) for g in rewards.reshape(-1, size)]).float()
+
+
+@contextmanager
+def _eager(model):
+    """Eager attention for the duration (sdpa under vmap fails with masks); the policy's own restored after."""
+    cfg = model.config
+    before = cfg._attn_implementation
+    cfg._attn_implementation = "eager"
+    try:
+        yield
+    finally:
+        cfg._attn_implementation = before
+
+
+__all__ = ["FilterResult", "GradientEngine", "OnlineFilter", "OnlineFilterOptions", "Responses", "drop_set", "scores"]
