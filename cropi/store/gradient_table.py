@@ -15,6 +15,8 @@ if TYPE_CHECKING:  # only for annotations: gradients.py imports this module
 
 GRADIENT_STATUSES = ("ok", "zero_advantage", "nonfinite", "truncated")
 META_COLUMNS = ("raw_norm", "n_responses", "reward_mean", "reward_std", "n_tokens", "status")
+# Absent from splits written before they existed; NaN where a row's value is null.
+OPTIONAL_COLUMNS = ("ess", "ess_fraction")
 
 
 def vectors_from_arrow(column: pa.ChunkedArray, dim: int, dtype: str) -> np.ndarray:
@@ -43,11 +45,23 @@ class GradientTable:
     def from_arrow(cls, table: pa.Table, checkpoint: "CheckpointRef", spec: dict, split: str,
                    dim: int, dtype: str) -> "GradientTable":
         columns = {c: table.column(c).to_numpy() for c in META_COLUMNS}
+        columns |= {c: table.column(c).to_numpy(zero_copy_only=False).astype(np.float64)
+                    for c in OPTIONAL_COLUMNS if c in table.column_names}
         return cls(table.column("prompt_id").to_pylist(), vectors_from_arrow(table.column("vector"), dim, dtype),
                    columns, checkpoint, spec, split)
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def ess(self) -> np.ndarray | None:
+        """Per-row effective sample size (NaN where unknown); None for a split stored without it."""
+        return self.columns.get("ess")
+
+    @property
+    def ess_fraction(self) -> np.ndarray | None:
+        """ESS / K per row (NaN where unknown); None for a split stored without it."""
+        return self.columns.get("ess_fraction")
 
     @property
     def spec_id(self) -> str:

@@ -48,7 +48,20 @@ def gradient_schema(dim: int, dtype: str = "float16") -> pa.Schema:
         pa.field("reward_std", pa.float64(), nullable=False),
         pa.field("n_tokens", pa.int64(), nullable=False),
         pa.field("status", pa.string(), nullable=False),
+        *ESS_FIELDS,
     ])
+
+
+# Effective sample size of each prompt's importance weights at the scored checkpoint, and
+# the same over K (METHOD.md, off-policy diagnostics); null where it was not computed.
+ESS_FIELDS = (pa.field("ess", pa.float64(), nullable=True), pa.field("ess_fraction", pa.float64(), nullable=True))
+
+
+def _legacy_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema splits had before the ESS columns: such splits still open, read and resume."""
+    for f in ESS_FIELDS:
+        schema = schema.remove(schema.get_field_index(f.name))
+    return schema
 
 
 class GradientStore:
@@ -74,7 +87,15 @@ class GradientStore:
         identity = {"kind": "gradients", "checkpoint": checkpoint.model_dump(), "spec": spec, "split": split,
                     "dim": int(dim), "dtype": dtype, "extra": extra or {}}
         path = self._dir(checkpoint.name, spec["spec_id"], split)
-        return GradientSplit(ShardedDataset(path, identity, "ipc", schema, "prompt_id", filesystem=self.fs))
+        try:
+            dataset = ShardedDataset(path, identity, "ipc", schema, "prompt_id", filesystem=self.fs)
+        except MismatchError as error:
+            try:  # a split created before the ESS columns existed: keep filling it without them
+                dataset = ShardedDataset(path, identity, "ipc", _legacy_schema(schema), "prompt_id",
+                                         filesystem=self.fs)
+            except MismatchError:
+                raise error from None
+        return GradientSplit(dataset)
 
     def open_split(self, checkpoint_name: str, spec_id: str, split: str) -> "GradientSplit":
         """An existing split; NotFoundError listing the splits that do exist."""
