@@ -46,7 +46,7 @@ from cropi.models.loading import load_causal_lm  # noqa: E402
 from cropi.projection import ProjectionSpec, make_projector  # noqa: E402
 from cropi.trainers import make_trainer  # noqa: E402
 
-FULL = dict(pool=600, val=50, steps=(0, 25, 50, 100, 200))
+FULL = dict(pool=500, val=50, steps=(0, 50, 100, 200))
 QUICK = dict(pool=120, val=16, steps=(0, 10, 30))
 K_OFFLINE, K_VAL, K_REF = 8, 32, 32
 TEMPERATURE = 0.5
@@ -82,9 +82,9 @@ class TruncatedISComputer(GradientComputer):
         return log_w
 
 
-def scores(computer: GradientComputer, pool, val) -> tuple[np.ndarray, dict]:
+def scores(computer: GradientComputer, pool, val) -> tuple[np.ndarray, dict, np.ndarray]:
     """Cosine of every pool prompt's gradient with the mean validation gradient (-inf: not informative),
-    and each pool prompt's ESS/K. Gradients stream: only the validation mean is kept."""
+    each pool prompt's ESS/K, and the validation mean. Gradients stream: only the mean is kept."""
     v = None
     for t in val:
         r = computer.compute(t)
@@ -92,12 +92,16 @@ def scores(computer: GradientComputer, pool, val) -> tuple[np.ndarray, dict]:
             v = r.vector.astype(np.float64) if v is None else v + r.vector
     out, ess = np.full(len(pool), -np.inf), {}
     for i, t in enumerate(pool):
-        r = computer.compute(t)
-        ess[t.prompt_id] = r.ess_fraction
-        if r.status == "ok":
-            g = r.vector.astype(np.float64)
-            out[i] = g @ v / (np.linalg.norm(g) * np.linalg.norm(v) + 1e-30)
-    return out, ess
+        out[i], ess[t.prompt_id] = score_one(computer, t, v)
+    return out, ess, v
+
+
+def score_one(computer: GradientComputer, traj, v: np.ndarray) -> tuple[float, float | None]:
+    r = computer.compute(traj)
+    if r.status != "ok":
+        return -np.inf, r.ess_fraction
+    g = r.vector.astype(np.float64)
+    return float(g @ v / (np.linalg.norm(g) * np.linalg.norm(v) + 1e-30)), r.ess_fraction
 
 
 def top_overlap(a: np.ndarray, b: np.ndarray, frac: float = 0.1) -> float:
@@ -127,17 +131,18 @@ def train_to(steps: int, start: Path, done: int, work: Path, subset: str) -> Pat
     return Path(result.checkpoint)
 
 
-def refresh(model_path: Path, model, pool, base: np.ndarray, val, ess: dict, chosen: list[int], seed: int):
-    """Scores with the ``chosen`` pool prompts re-collected at the checkpoint (K_OFFLINE) and recomputed."""
+def refresh(model_path: Path, model, pool, base: np.ndarray, v: np.ndarray, chosen: list[int], seed: int):
+    """Scores with the ``chosen`` pool prompts re-collected at the checkpoint (K_OFFLINE) and recomputed
+    (the validation mean stays the reused trajectories' one: refresh spends its budget on the pool)."""
+    out = base.copy()
     if not chosen:
-        return base.copy()
+        return out
     records = [pool_records_by_id[pool[i].prompt_id] for i in chosen]
     fresh = collect_trajectories(str(model_path), records, samples=K_OFFLINE, temperature=TEMPERATURE, seed=seed)
-    pool2 = list(pool)
+    computer = exact_computer(model)
     for i, t in zip(chosen, fresh):
-        pool2[i] = t
-    s, _ = scores(exact_computer(model), pool2, val)  # a full pass keeps this simple: the model is small
-    return s
+        out[i], _ = score_one(computer, t, v)
+    return out
 
 
 pool_records_by_id: dict = {}
@@ -164,17 +169,17 @@ def run(quick: bool, out: Path, workdir: Path) -> dict:
     for steps in cfg["steps"]:
         path, done = train_to(steps, path, done, workdir, subset), steps
         model = load_causal_lm(str(path), device="cpu")
-        popi, ess = scores(exact_computer(model), pool, val)
+        popi, ess, v_popi = scores(exact_computer(model), pool, val)
         ref_pool = collect_trajectories(str(path), pool_records, samples=K_REF, temperature=TEMPERATURE, seed=100 + steps)
         ref_val = collect_trajectories(str(path), val_records, samples=K_REF, temperature=TEMPERATURE, seed=200 + steps)
-        ref, _ = scores(exact_computer(model), ref_pool, ref_val)
+        ref, _, _ = scores(exact_computer(model), ref_pool, ref_val)
         fractions = np.array([ess[t.prompt_id] if ess[t.prompt_id] is not None else np.inf for t in pool])
         low = [int(i) for i in np.argsort(fractions, kind="stable") if fractions[i] < REFRESH_BELOW][:n_budget]
-        refreshed = refresh(path, model, pool, popi, val, ess, low, seed=300 + steps)
+        refreshed = refresh(path, model, pool, popi, v_popi, low, seed=300 + steps)
         control_idx = sorted(rng.choice(len(pool), size=len(low), replace=False).tolist()) if low else []
-        control = refresh(path, model, pool, popi, val, ess, control_idx, seed=400 + steps)
-        clip, _ = scores(exact_computer(model, clip_eps=PPO_CLIP), pool, val)
-        tis, _ = scores(exact_computer(model, TruncatedISComputer), pool, val)
+        control = refresh(path, model, pool, popi, v_popi, control_idx, seed=400 + steps)
+        clip, _, _ = scores(exact_computer(model, clip_eps=PPO_CLIP), pool, val)
+        tis, _, _ = scores(exact_computer(model, TruncatedISComputer), pool, val)
         base_overlap = top_overlap(popi, ref)
         row = {"steps": steps, "overlap_at_10": base_overlap, "spearman": spearman(popi, ref),
                "overlap_at_10_refresh": top_overlap(refreshed, ref), "spearman_refresh": spearman(refreshed, ref),
