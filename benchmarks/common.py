@@ -1,10 +1,12 @@
-"""Shared set-up for benchmarks: a small local model and synthetic offline trajectories.
+"""Shared set-up for benchmarks.
 
-Trajectories are sampled from the model itself (so log-probs are real behavior
-log-probs) on the synthetic arithmetic prompts; rewards are drawn per prompt from
-a Bernoulli with a prompt-specific pass rate. The benchmarks measure projection
-fidelity and speed, which depend on the gradients' structure, not on whether the
-model can do arithmetic (a random-init model cannot).
+Speed benchmarks use a small local model and synthetic offline trajectories
+(sampled from the model itself, so log-probs are real behavior log-probs; rewards
+drawn per prompt from a Bernoulli), since speed depends on the gradients' shapes.
+
+Fidelity benchmarks need influence that means something: a model warm-started on
+the demo's skills task (``warm_model``) and responses it really sampled, scored by
+the task's verifiable reward (``collect_trajectories``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from cropi.generation import SamplingConfig, make_backend
 from cropi.generation.prompting import render_prompt
 from cropi.models import build_tiny_model
+from cropi.models import tiny as tiny_models
 from cropi.models.loading import load_causal_lm, load_tokenizer
 from cropi.store import PromptTrajectories
 from cropi.tasks.arithmetic import make_task_splits
@@ -51,6 +54,63 @@ def synthetic_trajectories(model_path: str, n_prompts: int, *, samples: int = 8,
                                         finish_reasons=[s.finish_reason for s in samples_],
                                         texts=[s.text for s in samples_]))
     return trajs
+
+
+def warm_model(workdir: Path, name: str, dims: dict, config) -> str:
+    """A model of shape ``dims`` warm-started on the demo's supervised set (cropi.demo.warmstart),
+    built once into ``workdir/name`` and reused. ``config``: a WarmStartConfig whose size is ``name``."""
+    from cropi.demo.assets import warmstart_records
+    from cropi.demo.warmstart import warm_start
+
+    path = workdir / name
+    if not (path / "model.safetensors").exists():
+        # build_tiny_model knows its sizes by name: the benchmark's larger one is registered here
+        tiny_models.SIZES.setdefault(name, dict(dims))
+        t0 = time.perf_counter()
+        warm_start(path, warmstart_records(), config, log=print)
+        (path / "warmstart-benchmark.json").write_text(json.dumps(
+            {"dims": dims, "config": config.__dict__, "seconds": time.perf_counter() - t0}, indent=1))
+    return str(path)
+
+
+def collect_trajectories(model_path: str, records, *, samples: int = 8, temperature: float = 0.5,
+                         max_new_tokens: int = 8, seed: int = 0, reward: str = "exact_numeric",
+                         model=None) -> list[PromptTrajectories]:
+    """K responses per record sampled by the hf backend, scored by the task's verifiable reward.
+
+    ``model`` given: sample from these in-memory weights (a training checkpoint) with the
+    tokenizer of ``model_path``; the behavior log-probs are then this model's.
+    """
+    from cropi.rewards import get_reward, score_responses
+
+    tok = load_tokenizer(model_path)
+    prompts = [render_prompt(tok, r.prompt) for r in records]
+    cfg = SamplingConfig(samples=samples, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens,
+                         seed=seed)
+    if model is None:
+        with make_backend("hf", model_path) as backend:
+            outs = backend.generate(prompts, [r.prompt_id for r in records], cfg)
+    else:
+        outs = _generate_in_memory(model, model_path, prompts, [r.prompt_id for r in records], cfg)
+    fn = get_reward(reward)
+    trajs = []
+    for r, p, got in zip(records, prompts, outs):
+        rewards = score_responses(fn, [s.text for s in got], r.answer, timeout_s=None)
+        trajs.append(PromptTrajectories(prompt_id=r.prompt_id, prompt_token_ids=p,
+                                        responses=[s.token_ids for s in got],
+                                        behavior_logprobs=[s.logprobs for s in got], rewards=rewards,
+                                        finish_reasons=[s.finish_reason for s in got], texts=[s.text for s in got]))
+    return trajs
+
+
+def _generate_in_memory(model, model_path, prompts, keys, cfg):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:  # the hf backend loads a folder: save the checkpoint there
+        model.save_pretrained(tmp, safe_serialization=True)
+        load_tokenizer(model_path).save_pretrained(tmp)
+        with make_backend("hf", tmp) as backend:
+            return backend.generate(prompts, keys, cfg)
 
 
 def load_model(model_path: str):

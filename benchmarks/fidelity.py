@@ -1,10 +1,18 @@
-"""Fidelity of projected influence scores against exact ones.
+"""Fidelity of projected influence scores against exact ones, on a model trained on a verifiable task.
 
-On a small local model (a few million parameters), the exact POPI gradients of a
-pool and a validation set are computed in full; the exact score of a pool prompt is
-the cosine of its full gradient with the mean full validation gradient. Every
-projection spec of the grid (k x kept fraction) scores the same gradients, and we
-report precision@10% (overlap of the top-10% sets) and Spearman correlation.
+The model: a Qwen2 of about 10.7M parameters warm-started on the demo's skills task
+exactly as the demo's model is (cropi.demo.warmstart, the demo's recipe, only the
+shape larger), built once and cached in the work dir. Its trajectories: K=8 responses
+per prompt sampled at T=0.5 by the hf backend, scored by the task's verifiable reward.
+
+``--quick`` runs the same measurement on the demo's shipped 0.45M model (nothing to build).
+
+Exact influence of a pool prompt: the cosine of its full (unprojected) POPI gradient
+with the mean full gradient of the validation prompts (both targeted validation
+sets). Gradients are streamed block by block: only the validation mean, the exact
+cosines and the projected vectors are kept. Every cell of the grid (kind x k x kept
+fraction x projection seed) projects the same gradients; we report precision@10%
+(overlap of the top-10% sets among informative prompts) and Spearman correlation.
 
     python benchmarks/fidelity.py [--quick] --out DIR   ->  DIR/fidelity.json, DIR/fidelity.png
 """
@@ -12,45 +20,66 @@ report precision@10% (overlap of the top-10% sets) and Spearman correlation.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from scipy.stats import spearmanr
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, load_model, small_model, synthetic_trajectories, write_json  # noqa: E402
+from common import collect_trajectories, environment, load_model, warm_model, write_json  # noqa: E402
 
+from cropi.demo.assets import RECIPE, shipped_model, task_splits  # noqa: E402
 from cropi.gradients import GradientComputer  # noqa: E402
 from cropi.projection import ProjectionSpec, make_projector  # noqa: E402
 
-DIMS = (1024, 4096, 8192, 32768)
-FRACTIONS = (1.0, 0.3, 0.1, 0.03, 0.01)
+MODEL_NAME = "fidelity-10m"
+# The demo model's family, wider and deeper: 10.7M parameters.
+MODEL_DIMS = dict(hidden_size=384, num_attention_heads=6, num_key_value_heads=2, num_hidden_layers=6,
+                  intermediate_size=1152, vocab_size=512)
 DEFAULT = ProjectionSpec()
+SEEDS = (0, 1, 2)
+FULL = dict(pool=600, val=50, dims=(4096, 32768), fractions=(1.0, 0.1, 0.01), dense_dims=(1024,))
+# --quick: the demo's shipped 0.45M model (no warm-start to build), a small pool and grid.
+QUICK = dict(pool=80, val=8, dims=(4096, 32768), fractions=(0.1, 0.01), dense_dims=(1024,))
+DENSE_FRACTION = 0.01  # a dense k x |S| matrix is generated per block: only a small S is affordable on CPU
+BLOCK = 32
+# Projecting every kept coordinate (r = 1) and generating dense matrices cost most on CPU: those
+# cells run at one seed; every other cell at all of SEEDS.
+ONE_SEED_FRACTION = 1.0
 
 
-def grid_specs() -> dict[str, ProjectionSpec]:
-    specs = {f"sjlt/k={k}/r={r}": ProjectionSpec(kind="sjlt", dim=k, kept_fraction=r) for k in DIMS for r in FRACTIONS}
-    specs["default"] = DEFAULT
-    for kind in ("gaussian", "rademacher"):  # dense kinds are slow on CPU: one small point each
-        specs[f"{kind}/k=1024/r=0.01"] = ProjectionSpec(kind=kind, dim=1024, kept_fraction=0.01)
-    specs["sjlt-nnz1/k=1024/r=0.01"] = ProjectionSpec(kind="sjlt", dim=1024, kept_fraction=0.01, nnz=1)
-    return specs
+def warm_config():
+    return dataclasses.replace(RECIPE, size=MODEL_NAME)
 
 
-def exact_gradients(model, trajs, block: int, label: str):
-    """Yield (status list, float32 matrix of full gradients) block by block."""
-    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    full = make_projector(ProjectionSpec(kind="identity", kept_fraction=1.0, identity_limit=2**26), shapes)
-    computer = GradientComputer(model, full)
-    bar = tqdm(total=len(trajs), desc=f"{label} gradients + projections", unit="prompt")
-    for start in range(0, len(trajs), block):
-        results = [computer.compute(t) for t in trajs[start:start + block]]
-        yield [r.status for r in results], np.stack([r.vector for r in results])
-        bar.update(len(results))
-    bar.close()
+def grid(cfg: dict) -> dict[str, tuple[ProjectionSpec, tuple[int, ...]]]:
+    """Cell name -> (spec at seed 0, the seeds it runs at). The default spec is its own cell."""
+    cells = {}
+    for k in cfg["dims"]:
+        for r in cfg["fractions"]:
+            spec = ProjectionSpec(kind="sjlt", dim=k, kept_fraction=r)
+            if spec != DEFAULT:
+                cells[f"sjlt/k={k}/r={r}"] = (spec, SEEDS[:1] if r >= ONE_SEED_FRACTION else SEEDS)
+    cells["default"] = (DEFAULT, SEEDS)
+    for kind in ("gaussian", "rademacher"):
+        for k in cfg["dense_dims"]:
+            cells[f"{kind}/k={k}/r={DENSE_FRACTION}"] = (ProjectionSpec(kind=kind, dim=k, kept_fraction=DENSE_FRACTION),
+                                                         SEEDS[:1])
+    return cells
+
+
+def full_gradients(computer: GradientComputer, trajs, label: str):
+    """Yield (results, float32 matrix of full gradients) block by block; only one block in memory."""
+    started = time.perf_counter()
+    for start in range(0, len(trajs), BLOCK):
+        results = [computer.compute(t) for t in trajs[start:start + BLOCK]]
+        yield results, torch.from_numpy(np.stack([r.vector for r in results]))
+        done = start + len(results)
+        print(f"  {label}: {done}/{len(trajs)} prompts, {time.perf_counter() - started:.0f}s", flush=True)
 
 
 def precision_at(exact: np.ndarray, approx: np.ndarray, frac: float = 0.1) -> float:
@@ -64,97 +93,138 @@ def cosines(mat: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 def run(quick: bool, out: Path, workdir: Path) -> dict:
-    n_pool, n_val = (120, 24) if quick else (240, 48)
+    torch.set_num_threads(1)  # on a shared 2-core machine one thread is several times faster than two
+    cfg = QUICK if quick else FULL
     t0 = time.perf_counter()
-    model_path = small_model(workdir)
+    model_path = str(shipped_model()) if quick else warm_model(workdir, MODEL_NAME, MODEL_DIMS, warm_config())
+    t_model = time.perf_counter() - t0
+    splits = task_splits()
+    pool_records = splits["pool"][:cfg["pool"]]
+    val_records = splits["val_count"][:cfg["val"]] + splits["val_maxd"][:cfg["val"]]
+    pool = collect_trajectories(model_path, pool_records, samples=8, temperature=0.5, seed=1)
+    val = collect_trajectories(model_path, val_records, samples=8, temperature=0.5, seed=2)
+    t_collect = time.perf_counter() - t0 - t_model
+
     model = load_model(model_path)
     n_params = sum(p.numel() for p in model.parameters())
-    trajs = synthetic_trajectories(model_path, n_pool + n_val, seed=1)
-    pool, val = trajs[:n_pool], trajs[n_pool:]
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    specs = grid_specs()
-    projectors = {name: make_projector(s, shapes) for name, s in specs.items()}
-    t_setup = time.perf_counter() - t0
+    identity = make_projector(ProjectionSpec(kind="identity", kept_fraction=1.0, identity_limit=2**26), shapes)
+    computer = GradientComputer(model, identity)
+    cells = grid(cfg)
+    projectors = {(name, s): make_projector(spec.model_copy(update={"seed": s}), shapes)
+                  for name, (spec, seeds) in cells.items() for s in seeds}
 
-    val_sum, val_n, val_proj = 0.0, 0, {name: 0.0 for name in specs}
-    for status, g in exact_gradients(model, val, 16, "validation"):
-        ok = np.array(status) == "ok"
-        val_sum = val_sum + g[ok].astype(np.float64).sum(0)
+    val_sum, val_n = np.zeros(identity.out_dim), 0
+    val_proj = {key: 0.0 for key in projectors}
+    for results, g in full_gradients(computer, val, "validation gradients"):
+        ok = torch.tensor([r.status == "ok" for r in results])
+        if not ok.any():
+            continue
+        val_sum += g[ok].double().sum(0).numpy()
         val_n += int(ok.sum())
-        for name, p in projectors.items():
-            val_proj[name] = val_proj[name] + p.project_flat(_t(g[ok])).numpy().astype(np.float64).sum(0)
-    v_exact = val_sum / val_n
+        for key, p in projectors.items():
+            val_proj[key] = val_proj[key] + p.project_flat(g[ok]).double().sum(0).numpy()
+    v_exact = val_sum / max(val_n, 1)
 
-    exact, proj, statuses = [], {name: [] for name in specs}, []
-    for status, g in exact_gradients(model, pool, 16, "pool"):
-        statuses += status
-        exact.append(cosines(g.astype(np.float64), v_exact))
-        for name, p in projectors.items():
-            proj[name].append(p.project_flat(_t(g)).numpy().astype(np.float64))
+    exact, proj, statuses, ess = [], {key: [] for key in projectors}, [], []
+    for results, g in full_gradients(computer, pool, "pool gradients + projections"):
+        statuses += [r.status for r in results]
+        ess += [r.ess for r in results]
+        exact.append(np.array([cosines(row.double().numpy()[None], v_exact)[0] for row in g]))
+        for key, p in projectors.items():
+            proj[key].append(p.project_flat(g).double().numpy())
+    t_grad = time.perf_counter() - t0 - t_model - t_collect
     ok = np.array(statuses) == "ok"
     exact = np.concatenate(exact)[ok]
-    results = {}
-    for name, chunks in proj.items():
-        approx = cosines(np.concatenate(chunks)[ok], val_proj[name] / val_n)
-        results[name] = {"spec": specs[name].model_dump(), "spec_id": specs[name].spec_id,
-                         "n_kept": projectors[name].n_kept,
-                         "precision_at_10": precision_at(exact, approx),
-                         "spearman": float(spearmanr(exact, approx).statistic),
-                         "max_abs_cos_error": float(np.max(np.abs(exact - approx))),
-                         "exact": exact.tolist() if name == "default" else None,
-                         "approx": approx.tolist() if name == "default" else None}
-    report = {"quick": quick, "model_parameters": n_params, "pool_prompts": n_pool, "ok_pool_prompts": int(ok.sum()),
-              "validation_prompts": n_val, "ok_validation_prompts": val_n, "default_spec": DEFAULT.model_dump(),
-              "precision_at_10": results["default"]["precision_at_10"], "spearman": results["default"]["spearman"],
-              "grid": {k: {kk: vv for kk, vv in v.items() if kk not in ("exact", "approx")} for k, v in results.items()},
-              "seconds": {"setup": t_setup, "total": time.perf_counter() - t0}, "environment": environment()}
+
+    report_cells, scatter = {}, None
+    for name, (spec, seeds) in cells.items():
+        per_seed = {}
+        for s in seeds:
+            approx = cosines(np.concatenate(proj[(name, s)])[ok], val_proj[(name, s)] / val_n)
+            per_seed[s] = {"precision_at_10": precision_at(exact, approx),
+                           "spearman": float(spearmanr(exact, approx).statistic),
+                           "n_kept": projectors[(name, s)].n_kept}
+            if name == "default" and s == SEEDS[0]:
+                scatter = (exact.tolist(), approx.tolist())
+        prec = np.array([v["precision_at_10"] for v in per_seed.values()])
+        kept = np.mean([v["n_kept"] for v in per_seed.values()])
+        report_cells[name] = {"kind": spec.kind, "k": spec.dim, "kept_fraction": spec.kept_fraction,
+                              "n_kept_mean": float(kept), "compression": float(kept / spec.dim),
+                              "precision_at_10": float(prec.mean()),
+                              "precision_at_10_std": float(prec.std(ddof=1)) if len(prec) > 1 else None,
+                              "spearman": float(np.mean([v["spearman"] for v in per_seed.values()])),
+                              "seeds": {str(s): v for s, v in per_seed.items()}}
+    d = report_cells["default"]
+    rewards = np.array([[r for r in t.rewards] for t in pool], dtype=float)
+    report = {"quick": quick, "model": "demo shipped model" if quick else MODEL_NAME,
+              "model_parameters": n_params, "model_dims": None if quick else MODEL_DIMS,
+              "warm_start": None if quick else dataclasses.asdict(warm_config()),
+              "pool_prompts": len(pool), "informative_prompts": int(ok.sum()),
+              "top10_size": max(1, int(round(0.1 * ok.sum()))), "validation_prompts": len(val),
+              "informative_validation_prompts": val_n, "samples_per_prompt": 8, "temperature": 0.5,
+              "pool_mean_reward": float(rewards.mean()),
+              "pool_ess_fraction_at_beta": float(np.nanmean([e / 8 for e in ess if e is not None])),
+              "default_spec": DEFAULT.model_dump() | {"spec_id": DEFAULT.spec_id}, "seeds": list(SEEDS),
+              "precision_at_10": d["precision_at_10"], "precision_at_10_std": d["precision_at_10_std"],
+              "spearman": d["spearman"], "compression": d["compression"],
+              "goal": {"precision_at_10": 0.90, "compression": 100,
+                       "met": bool(d["precision_at_10"] >= 0.90 and d["compression"] >= 100)},
+              "grid": report_cells,
+              "seconds": {"model": t_model, "collect": t_collect, "gradients_and_projections": t_grad,
+                          "total": time.perf_counter() - t0},
+              "environment": environment()}
     write_json(out, "fidelity.json", report)
-    plot(results, out / "fidelity.png")
+    plot(report, cfg, scatter, out / "fidelity.png")
     return report
 
 
-def _t(a: np.ndarray):
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(a))
-
-
-def plot(results: dict, path: Path) -> None:
+def plot(report: dict, cfg: dict, scatter, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, metric in zip(axes[:2], ("precision_at_10", "spearman")):
-        grid = np.array([[results[f"sjlt/k={k}/r={r}"][metric] for r in FRACTIONS] for k in DIMS])
-        im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis")
-        ax.set_xticks(range(len(FRACTIONS)), [str(r) for r in FRACTIONS])
-        ax.set_yticks(range(len(DIMS)), [str(k) for k in DIMS])
-        ax.set_xlabel("kept fraction r")
-        ax.set_ylabel("k")
-        ax.set_title(f"sjlt: {metric}")
-        for (i, j), val in np.ndenumerate(grid):
-            ax.text(j, i, f"{val:.2f}", ha="center", va="center", color="w" if val < 0.6 else "k")
-        fig.colorbar(im, ax=ax)
-    d = results["default"]
-    axes[2].scatter(d["exact"], d["approx"], s=8)
-    axes[2].set_xlabel("exact cosine")
-    axes[2].set_ylabel("projected cosine")
-    axes[2].set_title(f"default spec: p@10%={d['precision_at_10']:.2f}, rho={d['spearman']:.3f}")
+    cells = report["grid"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    ax = axes[0]
+    for k in cfg["dims"]:
+        rows = [c for c in cells.values() if c["kind"] == "sjlt" and c["k"] == k]
+        rows.sort(key=lambda c: c["kept_fraction"])
+        ax.errorbar([c["kept_fraction"] for c in rows], [c["precision_at_10"] for c in rows],
+                    yerr=[c["precision_at_10_std"] or 0 for c in rows], marker="o", capsize=3, label=f"sjlt k={k}")
+    for name, c in cells.items():
+        if c["kind"] in ("gaussian", "rademacher"):
+            ax.errorbar([c["kept_fraction"]], [c["precision_at_10"]], yerr=[c["precision_at_10_std"] or 0],
+                        marker="s", capsize=3, linestyle="none", label=f"{c['kind']} k={c['k']}")
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.02)
+    ax.axhline(0.9, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("kept fraction r")
+    ax.set_ylabel(f"precision@10% (mean +- sd over seeds)")
+    ax.set_title(f"{report['model_parameters'] / 1e6:.1f}M-param model, {report['informative_prompts']} "
+                 f"informative prompts")
+    ax.legend(fontsize=8)
+    exact, approx = scatter
+    axes[1].scatter(exact, approx, s=8)
+    axes[1].set_xlabel("exact cosine (full gradients)")
+    axes[1].set_ylabel("projected cosine (default spec, seed 0)")
+    axes[1].set_title(f"default spec: p@10% {report['precision_at_10']:.2f} +- {report['precision_at_10_std']:.2f}, "
+                      f"compression {report['compression']:.0f}x")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer prompts (a few minutes on 2 cores)")
+    ap.add_argument("--quick", action="store_true", help="the demo's shipped model, fewer prompts and cells")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--workdir", type=Path, default=None, help="where the model is built (default: OUT/work)")
+    ap.add_argument("--workdir", type=Path, default=None, help="where the model is built and cached (default: OUT/work)")
     a = ap.parse_args(argv)
     report = run(a.quick, a.out, a.workdir or a.out / "work")
-    print(f"precision@10% (default spec {DEFAULT.spec_id}): {report['precision_at_10']:.3f}, "
-          f"spearman {report['spearman']:.3f}; wrote {a.out / 'fidelity.json'}")
+    print(f"precision@10% (default spec {DEFAULT.spec_id}, {len(SEEDS)} seeds): {report['precision_at_10']:.3f} "
+          f"+- {report['precision_at_10_std']:.3f}, compression {report['compression']:.1f}x, "
+          f"{report['informative_prompts']} informative prompts; wrote {a.out / 'fidelity.json'}")
 
 
 if __name__ == "__main__":

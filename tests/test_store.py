@@ -521,7 +521,8 @@ def test_schema_errors_name_the_columns(tmp_path):
     w = split.dataset.writer("w0")
     good = {"prompt_id": ["a"], "vector": pa.array([[0.0] * DIM], pa.list_(pa.float32(), DIM)),
             "raw_norm": [1.0], "n_responses": pa.array([2], pa.int32()), "reward_mean": [0.5],
-            "reward_std": [0.1], "n_tokens": [10], "status": ["ok"]}
+            "reward_std": [0.1], "n_tokens": [10], "status": ["ok"],
+            "ess": pa.array([None], pa.float64()), "ess_fraction": pa.array([None], pa.float64())}
     bad = dict(good, n_tokens=["ten"], extra=[1])
     del bad["raw_norm"]
     with pytest.raises(InvalidInputError) as e:
@@ -571,7 +572,8 @@ def test_non_local_filesystem_path(tmp_path):
     ds = ShardedDataset("ds", {"kind": "gradients-like"}, "ipc", gradient_schema(4, "float32"), filesystem=fs)
     row = {"prompt_id": ["a", "b"], "vector": pa.array([[1, 2, 3, 4], [5, 6, 7, 8]], pa.list_(pa.float32(), 4)),
            "raw_norm": [1.0, 2.0], "n_responses": pa.array([1, 2], pa.int32()), "reward_mean": [0.0, 1.0],
-           "reward_std": [0.0, 0.5], "n_tokens": [3, 4], "status": ["ok", "truncated"]}
+           "reward_std": [0.0, 0.5], "n_tokens": [3, 4], "status": ["ok", "truncated"],
+           "ess": pa.array([2.0, None], pa.float64()), "ess_fraction": pa.array([1.0, None], pa.float64())}
     ds.writer("w").commit(pa.table(row))
     again = ShardedDataset("ds", filesystem=fs)
     assert again.read().column("prompt_id").to_pylist() == ["a", "b"]

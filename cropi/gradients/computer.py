@@ -16,7 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from cropi.gradients.batching import build_micro_batch, plan_micro_batches
-from cropi.gradients.popi import group_advantages, popi_loss
+from cropi.gradients.popi import effective_sample_size, group_advantages, popi_loss, sequence_log_weights
 from cropi.store.types import GradientRecord
 
 
@@ -67,10 +67,14 @@ class GradientComputer:
                     reward_mean=float(rewards.mean()) if len(rewards) else 0.0,
                     reward_std=float(rewards.std()) if len(rewards) > 1 else 0.0)
         adv = group_advantages(rewards)
-        if truncated == "prompt" or not torch.any(adv != 0):
-            status = "truncated" if truncated == "prompt" else "zero_advantage"
-            return GradientRecord(vector=self._zeros(), raw_norm=0.0, status=status, **base)
-        self._backward(prompt, responses, behavior, adv)
+        if truncated == "prompt":
+            return GradientRecord(vector=self._zeros(), raw_norm=0.0, status="truncated", **base)
+        if not torch.any(adv != 0):
+            # No gradient, but the ESS still says whether theta has moved away from these samples.
+            with torch.no_grad():
+                base |= self._ess(self._backward(prompt, responses, behavior, None), len(responses))
+            return GradientRecord(vector=self._zeros(), raw_norm=0.0, status="zero_advantage", **base)
+        base |= self._ess(self._backward(prompt, responses, behavior, adv), len(responses))
         grads = [(n, _grad_of(p)[None]) for n, p in self.params]
         raw_norm = math.sqrt(sum(float(g.double().pow(2).sum()) for _, g in grads))
         if not math.isfinite(raw_norm):
@@ -79,17 +83,28 @@ class GradientComputer:
         status = "truncated" if truncated else "ok"
         return GradientRecord(vector=vector, raw_norm=raw_norm, status=status, **base)
 
-    def _backward(self, prompt, responses, behavior, adv: torch.Tensor) -> None:
+    def _backward(self, prompt, responses, behavior, adv: torch.Tensor | None) -> torch.Tensor:
+        """One pass over the group: backward of the POPI loss when ``adv`` is given (the
+        gradients land in ``p.grad``); returns every response's sequence log-weight."""
         for _, p in self.params:
             p.grad = None
+        log_w = torch.zeros(len(responses), dtype=torch.float64)
         lengths = [len(prompt) + len(r) for r in responses]
         for indices in plan_micro_batches(lengths, self.options.token_budget):
             mb = build_micro_batch(prompt, responses, behavior, indices, self.pad_id)
             logp = self._token_logprobs(mb)
-            loss = popi_loss(logp, mb.behavior_logp.to(self.device), mb.response_mask.to(self.device),
-                             adv[indices].to(self.device), n_group=len(responses),
-                             clip_eps=self.options.clip_eps)
-            loss.backward()
+            beh, mask = mb.behavior_logp.to(self.device), mb.response_mask.to(self.device)
+            log_w[indices] = sequence_log_weights(logp.detach(), beh, mask).cpu()
+            if adv is not None:
+                loss = popi_loss(logp, beh, mask, adv[indices].to(self.device), n_group=len(responses),
+                                 clip_eps=self.options.clip_eps)
+                loss.backward()
+        return log_w
+
+    @staticmethod
+    def _ess(log_w: torch.Tensor, k: int) -> dict:
+        ess = effective_sample_size(log_w)
+        return {"ess": ess, "ess_fraction": None if ess is None or k == 0 else ess / k}
 
     def _token_logprobs(self, mb) -> torch.Tensor:
         keep = mb.targets.shape[1] + 1

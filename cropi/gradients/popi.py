@@ -49,3 +49,22 @@ def popi_loss(
     lengths = mask.sum(dim=1).clamp(min=1.0)
     per_response = (per_token * mask).sum(dim=1) / lengths
     return -per_response.sum() / n_group
+
+
+def sequence_log_weights(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per response, log w_k = sum_t (log pi_theta - log beta) over its response tokens: (B,), float64."""
+    diff = (logp.to(torch.float64) - behavior_logp.to(torch.float64)) * mask.to(torch.float64)
+    return diff.sum(dim=1)
+
+
+def effective_sample_size(log_weights) -> float | None:
+    """ESS = (sum w)^2 / sum w^2 of sequence weights given in log space; None for no responses.
+
+    Computed as exp(2 logsumexp(lw) - logsumexp(2 lw)), so weights of exp(+-1000) neither
+    overflow nor vanish. K when every weight is equal (theta = beta), 1 when one dominates.
+    Non-finite log weights (a response the model cannot produce) give None.
+    """
+    lw = torch.as_tensor(log_weights, dtype=torch.float64).reshape(-1)
+    if lw.numel() == 0 or not bool(torch.isfinite(lw).all()):
+        return None
+    return float(torch.exp(2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)))

@@ -11,6 +11,7 @@ import pyarrow as pa
 from cropi.errors import MismatchError, NotFoundError
 
 from cropi.contracts import GRADIENT_META_COLUMNS as META_COLUMNS
+from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS as OPTIONAL_COLUMNS
 from cropi.contracts import GRADIENT_STATUSES
 
 if TYPE_CHECKING:
@@ -44,11 +45,23 @@ class GradientTable:
     def from_arrow(cls, table: pa.Table, checkpoint: "CheckpointRef", spec: dict, split: str,
                    dim: int, dtype: str) -> "GradientTable":
         columns = {c: table.column(c).to_numpy() for c in META_COLUMNS}
+        columns |= {c: table.column(c).to_numpy(zero_copy_only=False).astype(np.float64)
+                    for c in OPTIONAL_COLUMNS if c in table.column_names}
         return cls(table.column("prompt_id").to_pylist(), vectors_from_arrow(table.column("vector"), dim, dtype),
                    columns, checkpoint, spec, split)
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def ess(self) -> np.ndarray | None:
+        """Per-row effective sample size (NaN where unknown); None for a split stored without it."""
+        return self.columns.get("ess")
+
+    @property
+    def ess_fraction(self) -> np.ndarray | None:
+        """ESS / K per row (NaN where unknown); None for a split stored without it."""
+        return self.columns.get("ess_fraction")
 
     @property
     def spec_id(self) -> str:

@@ -35,7 +35,8 @@ class GradientWriter:
         self.append(**vars(record))
 
     def append(self, prompt_id: str, vector: np.ndarray, raw_norm: float, n_responses: int,
-               reward_mean: float, reward_std: float, n_tokens: int, status: str) -> None:
+               reward_mean: float, reward_std: float, n_tokens: int, status: str,
+               ess: float | None = None, ess_fraction: float | None = None) -> None:
         """``write`` with the record's fields as arguments."""
         if self._closed:
             raise InvalidInputError("this gradient writer is closed; open a new one with split.writer(...)")
@@ -49,7 +50,8 @@ class GradientWriter:
         self._rows.append({"prompt_id": prompt_id, "vector": self._cast(prompt_id, vector),
                            "raw_norm": float(raw_norm), "n_responses": _count(n_responses, "n_responses"),
                            "reward_mean": float(reward_mean), "reward_std": float(reward_std),
-                           "n_tokens": _count(n_tokens, "n_tokens"), "status": status})
+                           "n_tokens": _count(n_tokens, "n_tokens"), "status": status,
+                           "ess": _optional_float(ess), "ess_fraction": _optional_float(ess_fraction)})
         if len(self._rows) >= self.rows_per_shard:
             self.flush()
 
@@ -72,6 +74,7 @@ class GradientWriter:
             return
         schema = self.split.dataset.schema
         vectors = np.stack([r["vector"] for r in self._rows]).reshape(-1)
+        # A split created before the ESS columns has no place for them: its schema decides.
         columns = {f.name: [r[f.name] for r in self._rows] for f in schema if f.name != "vector"}
         arrays = [pa.FixedSizeListArray.from_arrays(pa.array(vectors), self.split.dim) if f.name == "vector"
                   else pa.array(columns[f.name], type=f.type) for f in schema]
@@ -104,3 +107,7 @@ def _count(value, name: str) -> int:
     if n < 0:
         raise InvalidInputError(f"{name} must be >= 0, got {n}")
     return n
+
+
+def _optional_float(value) -> float | None:
+    return None if value is None else float(value)

@@ -14,7 +14,7 @@ from cropi.errors import InvalidInputError, MismatchError, NotFoundError
 from cropi.store.gradient_table import GradientTable
 from cropi.store.gradient_writer import GradientWriter
 from cropi.store.sharded import ShardedDataset, check_name
-from cropi.store.types import DTYPES, GRADIENT_STATUSES, CheckpointRef, GradientRecord, gradient_schema
+from cropi.store.types import DTYPES, GRADIENT_STATUSES, CheckpointRef, GradientRecord, gradient_schema, legacy_schema
 from cropi.utils.fsio import file_exists, resolve
 
 __all__ = ["DTYPES", "GRADIENT_STATUSES", "CheckpointRef", "GradientRecord", "GradientSplit", "GradientStore",
@@ -44,7 +44,15 @@ class GradientStore:
         identity = {"kind": "gradients", "checkpoint": checkpoint.model_dump(), "spec": spec, "split": split,
                     "dim": int(dim), "dtype": dtype, "extra": extra or {}}
         path = self._dir(checkpoint.name, spec["spec_id"], split)
-        return GradientSplit(ShardedDataset(path, identity, "ipc", schema, "prompt_id", filesystem=self.fs))
+        try:
+            dataset = ShardedDataset(path, identity, "ipc", schema, "prompt_id", filesystem=self.fs)
+        except MismatchError as error:
+            try:  # a split created before the ESS columns existed: keep filling it without them
+                dataset = ShardedDataset(path, identity, "ipc", legacy_schema(schema), "prompt_id",
+                                         filesystem=self.fs)
+            except MismatchError:
+                raise error from None
+        return GradientSplit(dataset)
 
     def open_split(self, checkpoint_name: str, spec_id: str, split: str) -> "GradientSplit":
         """An existing split; NotFoundError listing the splits that do exist."""

@@ -10,11 +10,11 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
-from cropi.contracts import GRADIENT_STATUSES, VECTOR_DTYPES
+from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS, GRADIENT_STATUSES, VECTOR_DTYPES
 from cropi.errors import InvalidInputError
 
 DTYPES = VECTOR_DTYPES
-__all__ = ["DTYPES", "GRADIENT_STATUSES", "CheckpointRef", "GradientRecord", "gradient_schema"]
+__all__ = ["DTYPES", "GRADIENT_STATUSES", "CheckpointRef", "GradientRecord", "gradient_schema", "legacy_schema"]
 
 
 class CheckpointRef(BaseModel):
@@ -42,6 +42,10 @@ class GradientRecord:
     reward_std: float
     n_tokens: int
     status: str
+    # Effective sample size of the responses' sequence-level importance weights pi_theta/beta,
+    # and the same over K (METHOD.md, off-policy diagnostics); None when not computed.
+    ess: float | None = None
+    ess_fraction: float | None = None
 
 
 def gradient_schema(dim: int, dtype: str = "float16") -> pa.Schema:
@@ -59,4 +63,12 @@ def gradient_schema(dim: int, dtype: str = "float16") -> pa.Schema:
         pa.field("reward_std", pa.float64(), nullable=False),
         pa.field("n_tokens", pa.int64(), nullable=False),
         pa.field("status", pa.string(), nullable=False),
+        *(pa.field(name, pa.float64(), nullable=True) for name in GRADIENT_OPTIONAL_COLUMNS),
     ])
+
+
+def legacy_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema splits had before the optional (ESS) columns: such splits still open, read and resume."""
+    for name in GRADIENT_OPTIONAL_COLUMNS:
+        schema = schema.remove(schema.get_field_index(name))
+    return schema

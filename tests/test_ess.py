@@ -1,0 +1,156 @@
+"""Effective sample size of a prompt's sequence-level importance weights, against hand computations."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from cropi.errors import MismatchError
+from cropi.gradients import GradientComputer
+from cropi.gradients.popi import effective_sample_size, sequence_log_weights
+from cropi.projection import ProjectionSpec, make_projector
+from cropi.store import CheckpointRef, GradientStore
+from cropi.store.types import gradient_schema, legacy_schema
+from cropi.store.sharded import ShardedDataset
+
+VOCAB = 61
+CKPT = CheckpointRef(name="ckpt", fingerprint="fp")
+SPEC = {"kind": "sjlt", "dim": 8, "seed": 0, "spec_id": "s8"}
+
+
+@dataclass
+class Traj:
+    prompt_id: str
+    prompt_token_ids: list
+    responses: list
+    behavior_logprobs: list
+    rewards: list
+
+
+def test_ess_worked_three_response_example():
+    # w = (1, 2, 3): (1 + 2 + 3)^2 / (1 + 4 + 9) = 36 / 14
+    assert effective_sample_size(np.log([1.0, 2.0, 3.0])) == pytest.approx(36 / 14, rel=1e-12)
+    # the same weights scaled by e^1000 (overflow in linear space) and by e^-1000 (underflow)
+    for shift in (1000.0, -1000.0):
+        assert effective_sample_size(np.log([1.0, 2.0, 3.0]) + shift) == pytest.approx(36 / 14, rel=1e-9)
+
+
+def test_ess_is_k_for_equal_weights_and_near_one_when_one_dominates():
+    assert effective_sample_size(np.zeros(8)) == pytest.approx(8.0, rel=1e-12)
+    assert effective_sample_size(np.full(5, -3.7)) == pytest.approx(5.0, rel=1e-12)
+    # one weight e^20 times the others: (e^20 + 3)^2 / (e^40 + 3) = 1 + 6 e^-20 + O(e^-40)
+    ess = effective_sample_size([20.0, 0.0, 0.0, 0.0])
+    assert ess == pytest.approx((math.exp(20) + 3) ** 2 / (math.exp(40) + 3), rel=1e-9)
+    assert 1.0 < ess < 1.0 + 1e-7
+
+
+def test_ess_undefined_cases():
+    assert effective_sample_size([]) is None
+    assert effective_sample_size([0.0, -math.inf]) is None
+    assert effective_sample_size([0.0, math.nan]) is None
+    assert effective_sample_size([1.5]) == pytest.approx(1.0)
+
+
+def test_sequence_log_weights_sum_masked_tokens_only():
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-9.0, -0.1, -0.2]])
+    beh = torch.tensor([[-1.5, -1.0, -0.5], [0.0, -0.3, -0.3]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 1.0]])  # row 2: the first position is padding
+    got = sequence_log_weights(logp, beh, mask)
+    assert got.dtype == torch.float64
+    assert got.tolist() == pytest.approx([0.5 - 1.0 + 0.0, 0.2 + 0.1])
+
+
+# ---------------------------------------------------------------- in the gradient computer
+
+def tiny_model():
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                      max_position_embeddings=64, tie_word_embeddings=True, pad_token_id=0)
+    cfg._attn_implementation = "eager"
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def teacher_forced(model, prompt, response) -> list[float]:
+    """Each response token's log-prob, one unpadded sequence at a time (independent of the batching)."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0].double()
+    return [float(torch.log_softmax(logits[len(prompt) + t - 1], -1)[tok]) for t, tok in enumerate(response)]
+
+
+def computer(model):
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    return GradientComputer(model, make_projector(ProjectionSpec(kind="sjlt", dim=8), shapes))
+
+
+def group(model, rng, rewards, shifts=None):
+    prompt = rng.integers(1, VOCAB, 4).tolist()
+    responses = [rng.integers(1, VOCAB, int(n)).tolist() for n in rng.integers(1, 6, len(rewards))]
+    behavior = [teacher_forced(model, prompt, r) for r in responses]
+    if shifts is not None:  # behavior log-probs moved by a known amount per response
+        behavior = [[b + s / len(bs) for b in bs] for bs, s in zip(behavior, shifts)]
+    return Traj("p", prompt, responses, behavior, list(rewards))
+
+
+@pytest.mark.parametrize("rewards", [[1, 0, 1, 0, 0], [1, 1, 1, 1, 1]], ids=["ok", "zero_advantage"])
+def test_computer_ess_is_k_at_theta_equal_beta(rewards):
+    model = tiny_model()
+    res = computer(model).compute(group(model, np.random.default_rng(1), rewards))
+    assert res.status == ("ok" if len(set(rewards)) > 1 else "zero_advantage")
+    assert res.ess == pytest.approx(5.0, rel=1e-5) and res.ess_fraction == pytest.approx(1.0, rel=1e-5)
+
+
+@pytest.mark.parametrize("rewards", [[1, 0, 0], [0, 0, 0]], ids=["ok", "zero_advantage"])
+def test_computer_ess_matches_hand_weights(rewards):
+    # log beta lowered by (0, -ln 2, -ln 3) in total per response: w = (1, 2, 3) -> ESS 36/14
+    model = tiny_model()
+    res = computer(model).compute(group(model, np.random.default_rng(2), rewards, shifts=[0, -math.log(2), -math.log(3)]))
+    assert res.ess == pytest.approx(36 / 14, rel=1e-5)
+    assert res.ess_fraction == pytest.approx(36 / 14 / 3, rel=1e-5)
+
+
+def test_computer_ess_near_one_when_one_response_dominates():
+    model = tiny_model()
+    res = computer(model).compute(group(model, np.random.default_rng(3), [1, 0, 1, 0], shifts=[-30, 0, 0, 0]))
+    assert res.ess == pytest.approx(1.0, abs=1e-9) and res.ess_fraction == pytest.approx(0.25, abs=1e-9)
+
+
+# ---------------------------------------------------------------- in the store
+
+def test_ess_round_trips_through_the_store(tmp_path):
+    split = GradientStore(str(tmp_path)).split(CKPT, SPEC, "pool", dim=8, dtype="float32")
+    with split.writer("w0", rows_per_shard=2) as w:
+        for i, (ess, frac) in enumerate([(8.0, 1.0), (1.25, 0.15625), (None, None)]):
+            w.append(f"p{i}", np.full(8, i, np.float32), 1.0, 8, 0.5, 0.5, 10, "ok", ess=ess, ess_fraction=frac)
+    again = GradientStore(str(tmp_path)).open_split("ckpt", "s8", "pool").read()
+    assert again.ess[:2].tolist() == [8.0, 1.25] and math.isnan(again.ess[2])
+    assert again.ess_fraction[:2].tolist() == [1.0, 0.15625] and math.isnan(again.ess_fraction[2])
+    assert again.get(["p1"]).ess.tolist() == [1.25]
+
+
+def test_split_stored_before_the_ess_columns_still_reads_and_resumes(tmp_path):
+    store = GradientStore(str(tmp_path))
+    path = store._dir("ckpt", "s8", "pool")
+    identity = {"kind": "gradients", "checkpoint": CKPT.model_dump(), "spec": SPEC, "split": "pool",
+                "dim": 8, "dtype": "float32", "extra": {}}
+    old = ShardedDataset(path, identity, "ipc", legacy_schema(gradient_schema(8, "float32")), filesystem=store.fs)
+    assert "ess" not in old.schema.names
+    row = {"prompt_id": ["a"], "vector": pa.array([[1.0] * 8], pa.list_(pa.float32(), 8)), "raw_norm": [1.0],
+           "n_responses": pa.array([2], pa.int32()), "reward_mean": [0.5], "reward_std": [0.7],
+           "n_tokens": [9], "status": ["ok"]}
+    old.writer("w0").commit(pa.table(row))
+    # reopened by today's code: it resumes without the columns, and reads them as absent
+    split = store.split(CKPT, SPEC, "pool", dim=8, dtype="float32")
+    with split.writer("w0") as w:
+        w.append("b", np.zeros(8), 0.0, 2, 1.0, 0.0, 9, "zero_advantage", ess=2.0, ess_fraction=1.0)
+    table = store.open_split("ckpt", "s8", "pool").read()
+    assert table.prompt_ids == ["a", "b"] and table.ess is None and table.ess_fraction is None
+    # another identity is still refused, with the identity error (not a schema one)
+    with pytest.raises(MismatchError, match="fingerprint"):
+        store.split(CheckpointRef(name="ckpt", fingerprint="other"), SPEC, "pool", dim=8, dtype="float32")
