@@ -105,6 +105,20 @@ def _gradients(a):
     return _run_job(a, compute_gradients, gradient_job_from_args(a))
 
 
+def _refresh_args(p):
+    from cropi.pipeline.refresh import RefreshJob
+
+    add_model_args(p, RefreshJob, rename={"gradients": ["store", "gradients"], "checkpoint": ["name", "checkpoint"]})
+
+
+@command("refresh", "re-collect, at the current checkpoint, the prompts whose ESS/K fell below a threshold "
+         "(within a budget)")(_refresh_args)
+def _refresh(a):
+    from cropi.pipeline.refresh import RefreshJob, refresh, summary
+
+    return summary(refresh(_validated(RefreshJob, model_values(a)), _bar(a)))
+
+
 def _rank_args(p):
     from cropi.pipeline.rank import RankRequest
 
@@ -118,7 +132,7 @@ def _rank(a):
 
     res = _validated(RankRequest, model_values(a)).run()
     if a.json:
-        return {"meta": res.meta, "rows": res.table.to_pylist()}
+        return {"meta": res.meta, "rows": res.rows()}
     print(_format_ranking(res, a.limit))
     return None
 
@@ -143,9 +157,9 @@ def _score(a):
 
 
 def _format_ranking(res, limit: int) -> str:
-    rows = res.table.slice(0, limit).to_pylist()
+    rows = res.rows(limit)
     score_cols = [c for c in res.table.column_names if c.startswith(SCORE_PREFIX)]
-    head = ["rank", "prompt_id", "fused", *score_cols, SELECTED]
+    head = ["rank", "prompt_id", "fused", *score_cols, SELECTED, *(["ess_fraction"] if res.ess else [])]
     lines = ["\t".join(head)]
     for r in rows:
         lines.append("\t".join(str(r["rank"]) if c == "rank" else (f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])) for c in head))
@@ -170,7 +184,7 @@ def _job_args(p):
     p.add_argument("--shard", help="I/N: this task's share of a collect or gradients job (array jobs)")
 
 
-@command("job", "run one job file, as a scheduler does (collect, gradients, rank, score or curriculum)")(_job_args)
+@command("job", "run one job file, as a scheduler does (collect, gradients, rank, refresh, score or curriculum)")(_job_args)
 def _job(a):
     from cropi.pipeline.jobfile import load_job_file, run_job_file
 

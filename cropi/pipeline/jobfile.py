@@ -9,6 +9,7 @@ A job file names its ``kind`` and carries that kind's model::
     {"kind": "collect", "job": {...CollectJob...}, "ray": {"workers": 4}}
     {"kind": "gradients", "job": {...GradientJob...}}
     {"kind": "rank", "request": {...RankRequest...}}
+    {"kind": "refresh", "job": {...RefreshJob...}}
 
 Relative paths are the scheduler's business (give absolute ones). An array job passes
 ``shard`` (``I/N``) to collect or gradients, so N tasks share one store.
@@ -28,6 +29,7 @@ from cropi.pipeline.curriculum import CurriculumConfig
 from cropi.pipeline.gradients import GradientJob
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.rank import RankRequest
+from cropi.pipeline.refresh import RefreshJob
 from cropi.pipeline.score import ScoreRequest
 
 
@@ -62,6 +64,11 @@ class RankJobFile(_Closed):
     request: RankRequest
 
 
+class RefreshJobFile(_Closed):
+    kind: Literal["refresh"]
+    job: RefreshJob
+
+
 class ScoreJobFile(_Closed):
     kind: Literal["score"]
     root: str = Field(min_length=1, description="run root: trajectories/ and store/")
@@ -74,7 +81,8 @@ class CurriculumJobFile(_Closed):
     config: CurriculumConfig
 
 
-JobFile = Annotated[Union[CollectJobFile, GradientsJobFile, RankJobFile, ScoreJobFile, CurriculumJobFile],
+JobFile = Annotated[Union[CollectJobFile, GradientsJobFile, RankJobFile, RefreshJobFile, ScoreJobFile,
+                                 CurriculumJobFile],
                     Field(discriminator="kind")]
 _ADAPTER = TypeAdapter(JobFile)
 
@@ -112,7 +120,11 @@ def run_job_file(job: JobFile, progress: Progress | None = None):
         return fn(job.job, progress)
     if isinstance(job, RankJobFile):
         res = job.request.run()
-        return {"meta": res.meta, "rows": res.table.to_pylist()}
+        return {"meta": res.meta, "rows": res.rows()}
+    if isinstance(job, RefreshJobFile):
+        from cropi.pipeline.refresh import refresh, summary
+
+        return summary(refresh(job.job, progress))
     if isinstance(job, ScoreJobFile):
         from cropi.pipeline.score import score_checkpoint
 

@@ -7,6 +7,7 @@ Rankings live beside the shards, one Parquet file per (checkpoint, spec, pool):
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Literal, Optional
@@ -17,7 +18,7 @@ from pyarrow.fs import FileSelector, FileType
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from cropi.contracts import NAME_PATTERN, POOL, RANKING_META_KEY, SELECTED
+from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS, NAME_PATTERN, POOL, RANKING_META_KEY, SELECTED
 from cropi.errors import InvalidInputError, NotFoundError
 from cropi.scoring import Ranking, rank_pool
 from cropi.store import GradientStore
@@ -54,10 +55,23 @@ class RankingResult:
     ranking: Ranking
     table: pa.Table
     meta: dict
+    # per-prompt ESS columns of the pool split ({column: {prompt_id: value}}), when its gradients
+    # were stored with them; not part of the persisted ranking (None for a loaded one)
+    ess: Optional[dict] = None
 
     @property
     def excluded(self) -> dict[str, int]:
         return self.ranking.excluded
+
+    def rows(self, limit: int | None = None) -> list[dict]:
+        """The ranking's rows (the first ``limit``), each with the pool's ``ess`` and ``ess_fraction``
+        (None where unknown) when its gradients were stored with them."""
+        rows = (self.table if limit is None else self.table.slice(0, limit)).to_pylist()
+        for col, by_id in (self.ess or {}).items():
+            for r in rows:
+                v = by_id.get(r["prompt_id"])
+                r[col] = v if v is not None and math.isfinite(v) else None
+        return rows
 
 
 def find_spec_id(store: str, name: str, spec_id: str | None, split: str) -> str:
@@ -98,7 +112,9 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
                            "top_fraction": top_fraction, "excluded": ranking.excluded,
                            "checkpoint_fingerprint": pool_t.checkpoint.fingerprint, "created": time.time()}
     _save(store, name, spec_id, pool, table, meta)
-    return RankingResult(ranking, table, meta)
+    ess = {c: dict(zip(pool_t.prompt_ids, pool_t.columns[c].tolist()))
+           for c in GRADIENT_OPTIONAL_COLUMNS if c in pool_t.columns} or None
+    return RankingResult(ranking, table, meta, ess)
 
 
 def ranking_path(store: str, name: str, spec_id: str, pool: str) -> tuple:

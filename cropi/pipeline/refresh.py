@@ -19,38 +19,47 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from cropi.contracts import NAME_PATTERN, POOL
 from cropi.data import load_prompts, write_jsonl
 from cropi.errors import InvalidInputError, MismatchError
-from cropi.generation import SamplingConfig
+from cropi.generation import EngineOptions, SamplingConfig
+from cropi.generation.options import Backend
 from cropi.pipeline.collect import CollectJob, collect
 from cropi.pipeline.progress import Progress
+from cropi.pipeline.rank import find_spec_id
 from cropi.store import GradientStore
 from cropi.utils.fsio import read_json, resolve, write_json_atomic
 
 
+_COLLECT = CollectJob.model_fields  # the re-collection's options: the collect job's own fields and defaults
+
+
 class RefreshJob(BaseModel):
-    """Which split's gradients decide, where the checkpoint is, and how to re-collect."""
+    """Which split's gradients decide, where the checkpoint is, and how to re-collect (``cropi refresh``)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(description="the current checkpoint: trajectories are sampled from it")
-    prompts: str = Field(description="the split's prompt file (records of the prompts to refresh come from it)")
-    gradients: str = Field(description="gradient store root")
-    checkpoint: str = Field(description="checkpoint name in the gradient store")
-    spec_id: str
-    split: str
-    out: str
+    model: str = Field(min_length=1, description="the current checkpoint: trajectories are sampled from it")
+    prompts: str = Field(min_length=1, description="the split's prompt file (records of the prompts to refresh "
+                         "come from it)")
+    gradients: str = Field(min_length=1, description="gradient store directory or pyarrow URI")
+    checkpoint: str = Field(pattern=NAME_PATTERN, description="checkpoint name in the gradient store (the one "
+                            "whose gradients give each prompt's ESS/K)")
+    spec_id: Optional[str] = Field(None, description="projection spec id, when the checkpoint has several")
+    split: str = Field(POOL, pattern=NAME_PATTERN, description="the split to refresh")
+    out: str = Field(min_length=1, description="output folder: plan.json, prompts.jsonl, trajectories/")
     below: float = Field(gt=0, le=1, description="refresh prompts whose ESS/K is below this")
     budget: float = Field(gt=0, le=1, description="at most this fraction of the split's prompts")
-    sampling: SamplingConfig = SamplingConfig()
-    backend: Literal["vllm", "hf"] = "vllm"
-    reward: str = "math_verify"
-    batch_prompts: int = Field(32, gt=0)
+    sampling: SamplingConfig = _COLLECT["sampling"]
+    backend: Backend = _COLLECT["backend"]
+    reward: str = _COLLECT["reward"]
+    batch_prompts: Optional[int] = _COLLECT["batch_prompts"]
+    engine: EngineOptions = _COLLECT["engine"]
 
 
 def select_for_refresh(prompt_ids: list[str], ess_fraction, below: float, budget: float) -> list[str]:
@@ -66,6 +75,8 @@ def select_for_refresh(prompt_ids: list[str], ess_fraction, below: float, budget
 
 def refresh(job: RefreshJob, progress: Progress | None = None, backend=None) -> dict:
     """Plan (once) and run (or resume) the re-collection; returns the plan and the collect counts."""
+    if job.spec_id is None:
+        job = job.model_copy(update={"spec_id": find_spec_id(job.gradients, job.checkpoint, None, job.split)})
     fs, base = resolve(job.out)
     fs.create_dir(base, recursive=True)
     plan = _plan(job, fs, f"{base}/plan.json")
@@ -80,10 +91,19 @@ def refresh(job: RefreshJob, progress: Progress | None = None, backend=None) -> 
         write_jsonl(records, prompt_file)
         counts = collect(CollectJob(model=job.model, prompts=prompt_file, out=str(Path(job.out) / "trajectories"),
                                     sampling=job.sampling, backend=job.backend, reward=job.reward,
-                                    batch_prompts=job.batch_prompts), progress, backend=backend)
+                                    batch_prompts=job.batch_prompts, engine=job.engine), progress, backend=backend)
     else:
         counts = {"collected": 0, "skipped": 0, "total": 0}
     return {"plan": plan, **counts}
+
+
+def summary(result: dict) -> dict:
+    """What ``cropi refresh`` prints: the plan's settings, how many prompts it chose (and which),
+    and the collect counts (without the plan's per-prompt ESS/K, which is in plan.json)."""
+    plan = result["plan"]
+    head = {k: plan[k] for k in ("checkpoint", "spec_id", "split", "below", "budget", "pool_size")}
+    counts = {k: v for k, v in result.items() if k != "plan"}
+    return head | {"chosen": len(plan["selected"]), "selected": plan["selected"]} | counts
 
 
 def _plan(job: RefreshJob, fs, path: str) -> dict:
