@@ -322,6 +322,10 @@ class GradientRecord(BaseModel):
     reward_std: float | None = None
     n_tokens: int | None = None
     status: str | None = None
+    ess: float | None = Field(None, description="effective sample size of the prompt's K importance weights "
+                              "(current policy over behavior); null when unknown or stored without it")
+    ess_fraction: float | None = Field(None, description="ESS / K, in (0, 1]: low means the reused "
+                                       "trajectories no longer represent the policy; null when unknown")
 
 
 class GradientBatch(BaseModel):

@@ -2,7 +2,8 @@
 
 ``RankingView``: the ranked prompts in fused order (and, on demand, in each validation set's
 order), sliced into pages without touching the store. ``GradientView``: a split's vectors
-with a prompt-id index, rendered as JSON records or an Arrow IPC stream.
+with a prompt-id index and per-prompt metadata (ESS and ESS/K included), rendered as JSON
+records or an Arrow IPC stream.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cropi.contracts import GRADIENT_META_COLUMNS, GRADIENT_OPTIONAL_COLUMNS
 from cropi.errors import InvalidInputError
 from cropi.pipeline.rank import RankingResult
 from cropi.store import GradientTable
@@ -25,7 +27,6 @@ from .errors import UnknownIdError
 SCORE_PREFIX = "score:"
 FUSED = "fused"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
-GRADIENT_META_COLUMNS = ("raw_norm", "n_responses", "reward_mean", "reward_std", "n_tokens", "status")
 
 
 def _finite(x: Any) -> float | None:
@@ -127,6 +128,8 @@ class GradientView:
             raise InvalidInputError(f"stored vectors have shape {self.vectors.shape} for "
                                     f"{len(self.prompt_ids)} prompt ids")
         self.columns = {c: _pylist(data.columns[c]) for c in GRADIENT_META_COLUMNS if c in data.columns}
+        # ESS and ESS/K: absent from splits stored before they existed (null in JSON, no Arrow column)
+        self.optional = {c: _pylist(data.columns[c]) for c in GRADIENT_OPTIONAL_COLUMNS if c in data.columns}
         self.meta = {"checkpoint": data.checkpoint.name, "split": data.split, "spec_id": data.spec_id,
                      "fingerprint": getattr(data.checkpoint, "fingerprint", None)}
         self.index = {p: i for i, p in enumerate(self.prompt_ids)}
@@ -153,12 +156,15 @@ class GradientView:
             for c, values in self.columns.items():
                 v = values[r]
                 meta[c] = _finite(v) if isinstance(v, float) else v
+            for c in GRADIENT_OPTIONAL_COLUMNS:
+                meta[c] = _finite(self.optional[c][r]) if c in self.optional else None
             head = json.dumps(meta, allow_nan=False, separators=(",", ":"))
             out.append(f'{head[:-1]},"vector":[{vector_json(self.vectors[r])}]}}')
         return ("[" + ",".join(out) + "]").encode()
 
     def arrow_stream(self, rows: list[int]) -> bytes:
-        """An Arrow IPC stream: prompt_id, vector (fixed-size list in the stored dtype), metadata columns."""
+        """An Arrow IPC stream: prompt_id, vector (fixed-size list in the stored dtype), metadata columns,
+        and ``ess``, ``ess_fraction`` (float64, null where unknown) when the split was stored with them."""
         idx = np.asarray(rows, dtype=np.int64)
         vecs = np.ascontiguousarray(self.vectors[idx])
         flat = pa.array(vecs.reshape(-1))
@@ -166,6 +172,8 @@ class GradientView:
                 "vector": pa.FixedSizeListArray.from_arrays(flat, self.dim)}
         for c, values in self.columns.items():
             cols[c] = pa.array([values[r] for r in rows])
+        for c, values in self.optional.items():
+            cols[c] = pa.array([values[r] for r in rows], pa.float64(), from_pandas=True)
         meta = {k: str(v) for k, v in self.meta.items() if v is not None}
         table = pa.table(cols).replace_schema_metadata(meta)
         sink = pa.BufferOutputStream()
