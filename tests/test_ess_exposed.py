@@ -3,6 +3,7 @@ the service's gradient endpoint (JSON and Arrow), against the values in the stor
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -190,3 +191,19 @@ def test_service_gradients_serve_the_stored_ess(tmp_path):
         # the documented response schema names both fields
         schema = env.get("/openapi.json").json()["components"]["schemas"]["GradientRecord"]["properties"]
         assert {"ess", "ess_fraction"} <= set(schema)
+
+
+def test_refresh_flags_show_their_defaults_and_reuse_the_collect_job_s():
+    from cropi.cli import build_parser
+    from cropi.pipeline.collect import CollectJob
+    from cropi.pipeline.refresh import RefreshJob
+
+    sub = build_parser()._subparsers._group_actions[0].choices["refresh"]
+    for action in sub._actions:
+        if action.option_strings and action.dest not in ("help", "json") and not action.required:
+            assert action.help and "(default: " in action.help, action.option_strings
+            assert action.default is argparse.SUPPRESS  # the model applies its own default
+    for name in ("sampling", "backend", "reward", "batch_prompts", "engine"):
+        assert RefreshJob.model_fields[name].default == CollectJob.model_fields[name].default, name
+    required = {a.dest for a in sub._actions if a.required}
+    assert required == {"model", "prompts", "gradients", "checkpoint", "out", "below", "budget"}
