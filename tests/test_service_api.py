@@ -93,6 +93,8 @@ class FakeLibrary:
         self.gradient_loads = 0
 
     def count_prompts(self, path: str) -> int:
+        if not Path(path).is_file():  # as the real reader does: a clear 4xx, not an OSError
+            raise InvalidInputError(f"{path}: unknown prompt file type; name it *.jsonl or *.parquet")
         text = Path(path).read_text()
         if "not a prompt" in text:
             raise InvalidInputError(f"{path}: line 1 is not a prompt record")
