@@ -229,6 +229,9 @@ def test_quick_demo_end_to_end(tmp_path):
     pool = mix["pool"]  # the pool's own skill counts, read from its parquet by the report
     target_rows = sum(pool["skills"].get(k, 0) for k in TARGETS) * pool["n"]
     assert mix["oracle"]["0"]["n"] == pytest.approx(target_rows)  # every targeted-skill prompt, nothing else
+    for stages in report["cropi_ess"].values():  # stage 0 is scored at the behavior policy itself: ESS = K
+        assert stages["0"]["n"] == report["task"]["pool"] and stages["0"]["p10"] > 0.999
+        assert stages["1"]["median"] < stages["0"]["median"]  # theta_1 has moved away from theta_0's samples
 
 
 @pytest.mark.slow

@@ -9,18 +9,43 @@ import numpy as np
 ACCURACY_PNG = "accuracy_vs_steps.png"
 SCORES_PNG = "score_distributions.png"
 SELECTION_PNG = "selection_mix.png"
+ESS_PNG = "ess_by_stage.png"
 COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_rate": "tab:green",
           "oracle": "tab:purple"}
 
 
-def draw_all(out: Path, report: dict, scores: dict) -> list[str]:
+def draw_all(out: Path, report: dict, scores: dict, ess: dict) -> list[str]:
     """Draw every plot into ``out``; returns the file names."""
     import matplotlib
 
     matplotlib.use("Agg")
     return [accuracy_plot(out / ACCURACY_PNG, report["curves"]),
             score_plot(out / SCORES_PNG, scores),
-            selection_plot(out / SELECTION_PNG, report["selection"])]
+            selection_plot(out / SELECTION_PNG, report["selection"]),
+            ess_plot(out / ESS_PNG, ess)]
+
+
+def ess_plot(path: Path, ess: dict) -> str:
+    """ESS/K of the pool's reused trajectories at each CROPI stage's checkpoint, one box per
+    (stage, seed): 1 at the behavior policy, falling as training moves theta away."""
+    import matplotlib.pyplot as plt
+
+    boxes = [(f"s{m}/seed{seed}", v) for seed, stages in sorted(ess.items())
+             for m, v in sorted(stages.items(), key=lambda kv: int(kv[0])) if v]
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(boxes) + 2), 3.6))
+    if boxes:
+        ax.boxplot([v for _, v in boxes], showfliers=False)
+        ax.set_xticks(range(1, len(boxes) + 1), [name for name, _ in boxes], fontsize=8)
+    ax.axhline(0.5, color="tab:red", lw=0.8, ls="--", label="a refresh threshold (0.5)")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("ESS / K per pool prompt")
+    ax.set_title("CROPI: reused trajectories' effective sample size at each stage")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path.name
 
 
 def accuracy_plot(path: Path, curves: dict) -> str:

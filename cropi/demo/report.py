@@ -14,6 +14,7 @@ greedy accuracy is reported beside it. report.json keys:
 - ``selection``: method -> stage -> mean share of each skill and level in the stage subset,
   and the pool's own shares
 - ``cropi_scores``: seed -> stage -> cosine statistics of the ranking behind the selection
+- ``cropi_ess``: seed -> stage -> ESS/K quantiles of the pool's reused trajectories at that stage
 - ``trainer``: mean seconds per step (sampling, update) and per evaluation
 - ``timing_s`` (wall seconds per phase), ``cpu_s`` (CPU seconds of the run, workers included),
   ``plots`` (file names)
@@ -43,7 +44,8 @@ def write_outputs(out: Path, settings: DemoSettings, data: dict, runs: list[dict
 
     report = build_report(settings, data, runs, timing)
     report["cpu_s"] = cpu_s
-    report["plots"] = plots.draw_all(out, report, score_tables(runs))
+    ess = {str(r["seed"]): r.get("pool_ess", {}) for r in runs if r["method"] == "cropi"}
+    report["plots"] = plots.draw_all(out, report, score_tables(runs), ess)
     (out / "report.json").write_text(json.dumps(_clean(report), indent=1, sort_keys=True) + "\n")
     (out / "report.md").write_text(markdown(report))
     return report
@@ -63,6 +65,7 @@ def build_report(settings: DemoSettings, data: dict, runs: list[dict], timing: d
         "final": final_accuracy(by_step),
         "selection": selection_mix(runs, data["pool"]),
         "cropi_scores": cropi_score_stats(runs),
+        "cropi_ess": ess_stats(runs),
         "trainer": trainer_timing(runs),
         "timing_s": dict(timing, total=round(sum(timing.values()), 2)),
     }
@@ -219,6 +222,23 @@ def cropi_score_stats(runs: list[dict]) -> dict:
     return out
 
 
+def ess_stats(runs: list[dict]) -> dict:
+    """Seed -> stage -> quantiles of the pool's ESS/K at the stage's checkpoint over the reused
+    trajectories, and the share under 0.5 (what a refresh at that threshold would re-collect)."""
+    out: dict = {}
+    for run in (r for r in runs if r["method"] == "cropi"):
+        out[str(run["seed"])] = {m: _ess_row(np.asarray(v, dtype=float)) for m, v in sorted(run.get("pool_ess", {}).items())}
+    return out
+
+
+def _ess_row(v: np.ndarray) -> dict:
+    if not len(v):
+        return {"n": 0}
+    q = np.quantile(v, [0.1, 0.5, 0.9])
+    return {"n": int(len(v)), "p10": float(q[0]), "median": float(q[1]), "p90": float(q[2]),
+            "below_0.5": float(np.mean(v < 0.5))}
+
+
 def _nanmean(v: np.ndarray) -> float | None:
     v = v[np.isfinite(v)]
     return float(v.mean()) if len(v) else None
@@ -279,6 +299,8 @@ def markdown(report: dict) -> str:
     lines += ["", "## What each stage selected (skill shares, mean over seeds)", ""] + _selection_table(report["selection"])
     lines += ["", "Share of the most common answer among each targeted skill's selected prompts (label skew; "
               "mean over seeds):", ""] + _label_table(report["selection"])
+    lines += ["", "## How far each stage's checkpoint is from the reused trajectories (pool ESS/K)", ""]
+    lines += _ess_table(report["cropi_ess"])
     lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in report["plots"]]
     t = report["trainer"]
     lines += ["", "## Notes", "",
@@ -291,6 +313,16 @@ def markdown(report: dict) -> str:
               "Wall time per phase (s): " + ", ".join(f"{k} {v:.0f}" for k, v in report["timing_s"].items())
               + f"; CPU time of the whole run: {report['cpu_s']:.0f} s.", ""]
     return "\n".join(lines)
+
+
+def _ess_table(ess: dict) -> list[str]:
+    lines = ["| seed | stage | p10 | median | p90 | share below 0.5 |", "|---|---|---|---|---|---|"]
+    for seed, stages in sorted(ess.items()):
+        for m, r in sorted(stages.items(), key=lambda kv: int(kv[0])):
+            if r["n"]:
+                lines.append(f"| {seed} | {m} | {r['p10']:.3f} | {r['median']:.3f} | {r['p90']:.3f} | "
+                             f"{r['below_0.5']:.2f} |")
+    return lines if len(lines) > 2 else ["(no CROPI run stored ESS)"]
 
 
 def _pts(x) -> str:

@@ -55,4 +55,24 @@ def run_method(config: dict, root: str) -> dict:
         steps += [r for r in rows if "eval" not in r]
     say(f"{cfg.name}: done in {time.monotonic() - started:.0f}s")
     return {"method": cfg.method, "seed": cfg.seed, "name": cfg.name, "stages": result["stages"],
-            "evals": evals, "steps": steps, "seconds": time.monotonic() - started}
+            "evals": evals, "steps": steps, "seconds": time.monotonic() - started,
+            "pool_ess": pool_ess(cfg, root)}
+
+
+def pool_ess(cfg, root: str) -> dict[str, list[float]]:
+    """Stage -> the ESS/K of every pool prompt (informative or not) at the checkpoint the stage was scored at:
+    how far theta_m has moved from the trajectories it reuses (1 at the behavior policy)."""
+    from cropi.contracts import POOL
+    from cropi.pipeline.curriculum.state import CurriculumPaths
+    from cropi.store import GradientStore
+
+    paths = CurriculumPaths(root, cfg.name)
+    stages = json.loads(paths.state.read_text())["stages"]
+    out = {}
+    for stage in stages:
+        scored = stage.get("scored", {})
+        if scored.get("checkpoint") and scored.get("spec_id"):
+            table = GradientStore(paths.store).open_split(scored["checkpoint"], scored["spec_id"], POOL).read()
+            if table.ess_fraction is not None:
+                out[str(stage["index"])] = [float(v) for v in table.ess_fraction if v == v]  # NaN: unknown
+    return out
