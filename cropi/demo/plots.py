@@ -39,7 +39,7 @@ def ess_plot(path: Path, ess: dict) -> str:
     ax.axhline(0.5, color="tab:red", lw=0.8, ls="--", label="a refresh threshold (0.5)")
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("ESS / K per pool prompt")
-    ax.set_title("CROPI: reused trajectories' effective sample size at each stage")
+    ax.set_title("CROPI: ESS of the reused trajectories by stage", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
