@@ -25,7 +25,7 @@ from test_service_api import (ARROW, AUTH, KINDS, Env, FakeLibrary, assert_error
 from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS  # noqa: E402
 from services.api.app import create_app  # noqa: E402
 from services.domain.cache import ByteLRU  # noqa: E402
-from services.domain.views import GradientView, _finite, vector_json, vector_json_bytes  # noqa: E402
+from services.domain.views import GradientView, RankingView, _finite, vector_json, vector_json_bytes  # noqa: E402
 
 TTL = 0.3
 
@@ -221,3 +221,11 @@ def test_the_byte_lru_stays_within_its_budget():
     assert lru.get(47) is not None and lru.get(48) is None
     assert lru.put("big", bytes(101)) == bytes(101) and lru.get("big") is None
     assert ByteLRU(0).put(1, b"a") == b"a" and len(ByteLRU(0)) == 0
+
+
+def test_a_fast_page_never_waits_on_an_encoding_under_way(tmp_path):
+    view = RankingView(FakeLibrary(tmp_path).ranking("ck", "spec"))
+    page = view.page_json("fused", 3, 7)
+    with view._lock:  # another order being encoded by a worker thread
+        assert view.encoded_page_json("fused", 3, 7) == page
+        assert view.encoded_page_json("gsm", 3, 7) is None

@@ -185,8 +185,10 @@ class Service:
         return self._ranking_body(row, view, validation or FUSED, offset, limit)
 
     @staticmethod
-    def _ranking_body(row: CheckpointRow, view: RankingView, order: str, offset: int, limit: int) -> bytes:
-        items = view.page_json(order, offset, limit)
+    def _ranking_body(row: CheckpointRow, view: RankingView, order: str, offset: int, limit: int,
+                      items: bytes | None = None) -> bytes:
+        if items is None:
+            items = view.page_json(order, offset, limit)
         head = {"checkpoint": row.id, "spec_id": row.spec_id, "order": order, "total": view.total,
                 "offset": offset, "limit": limit, "excluded": view.excluded}
         return json.dumps(head, separators=(",", ":")).encode()[:-1] + b',"items":' + items + b"}"
@@ -250,9 +252,10 @@ class Service:
             return None
         view = self.rankings.peek(key, seen[0])
         order = validation or FUSED
-        if view is None or not view.has_encoded(order):
+        items = view.encoded_page_json(order, offset, limit) if view is not None else None
+        if items is None:
             return None
-        return self._ranking_body(row, view, order, offset, limit)
+        return self._ranking_body(row, view, order, offset, limit, items)
 
     def peek_gradient_json(self, checkpoint_id: str, prompt_id: str, split: str | None) -> bytes | None:
         """``gradients_json(checkpoint_id, [prompt_id], split)`` when the checkpoint, its job, a fresh version

@@ -116,9 +116,13 @@ class RankingView:
         fragments = self._encoded(order)
         return b"[" + b",".join(fragments[offset:offset + limit]) + b"]"
 
-    def has_encoded(self, order: str) -> bool:
-        """Whether ``order``'s rows are encoded already (a page of it is then a join)."""
-        return order in self._fragments
+    def encoded_page_json(self, order: str, offset: int, limit: int) -> bytes | None:
+        """``page_json(...)`` when ``order`` is encoded already, else None; never waits on the lock (an
+        encoding of another order under way must not hold up the event loop)."""
+        fragments = self._fragments.get(order)  # set whole, once encoded
+        if fragments is None:
+            return None
+        return b"[" + b",".join(fragments[offset:offset + limit]) + b"]"
 
     def _encoded(self, order: str) -> list[bytes]:
         with self._lock:  # one encoding per order, even under concurrent first requests
