@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import logging
 import os
@@ -35,7 +36,6 @@ import socket
 import subprocess
 import sys
 import tarfile
-import io
 import time
 from pathlib import Path
 
@@ -224,15 +224,21 @@ def servers(root: Path, baseline: Path, ck: str, ranked: int, prompts: int, a: a
         closed: dict = {k: [] for k in procs}
         for k in ("old", "new", "old", "new"):
             pid = procs[k][0].pid
-            c0 = cpu_seconds(pid)
+            c0, p0 = cpu_seconds(pid), time.process_time()
             r = asyncio.run(closed_loop(procs[k][1], TOKEN, ck, pool_ids, ranked, a.clients, a.duration))
             r["server_cpu_ms_per_request"] = round((cpu_seconds(pid) - c0) / max(1, r["requests"]) * 1000, 3)
+            # the load generator's own CPU: on a 2-core machine it competes with the server
+            r["client_cpu_ms_per_request"] = round((time.process_time() - p0) / max(1, r["requests"]) * 1000, 3)
             closed[k].append(r)
         out["closed_loop"] = closed
         opened: dict = {}
         for k in ("old", "new"):
-            opened[k] = asyncio.run(open_loop(procs[k][1], TOKEN, ck, pool_ids, ranked, a.clients, a.rate,
-                                              a.duration))
+            pid = procs[k][0].pid
+            c0, p0 = cpu_seconds(pid), time.process_time()
+            r = asyncio.run(open_loop(procs[k][1], TOKEN, ck, pool_ids, ranked, a.clients, a.rate, a.duration))
+            r["server_cpu_ms_per_request"] = round((cpu_seconds(pid) - c0) / max(1, r["requests"]) * 1000, 3)
+            r["client_cpu_ms_per_request"] = round((time.process_time() - p0) / max(1, r["requests"]) * 1000, 3)
+            opened[k] = r
         out["open_loop"] = opened
     finally:
         for proc, _ in procs.values():
