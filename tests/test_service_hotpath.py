@@ -206,6 +206,9 @@ def test_rendered_records_equal_the_reference_whatever_the_cache(tmp_path, budge
 def test_float16_bytes_equal_the_text_for_every_bit_pattern():
     every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     assert vector_json_bytes(every) == vector_json(every).encode()
+    rng = np.random.default_rng(0)
+    for v in (every[::-1], rng.standard_normal(8192).astype(np.float16), every[5:6], every[:0], every[3::7]):
+        assert vector_json_bytes(v) == vector_json(v).encode()
     v32 = np.array([1.5, math.nan, -0.1], np.float32)
     assert vector_json_bytes(v32) == vector_json(v32).encode()
 

@@ -36,7 +36,7 @@ def _finite(x: Any) -> float | None:
 
 
 _F16_TEXT: np.ndarray | None = None
-_F16_BYTES: np.ndarray | None = None
+_F16_BYTES: pa.Array | None = None
 
 
 def _float16_text() -> np.ndarray:
@@ -48,11 +48,11 @@ def _float16_text() -> np.ndarray:
     return _F16_TEXT
 
 
-def _float16_bytes() -> np.ndarray:
-    """``_float16_text()`` as ASCII bytes."""
+def _float16_bytes() -> pa.Array:
+    """``_float16_text()`` with a comma after each, as an Arrow binary array indexed by bit pattern."""
     global _F16_BYTES
     if _F16_BYTES is None:
-        _F16_BYTES = np.array([t.encode() for t in _float16_text()], dtype=object)
+        _F16_BYTES = pa.array([t + "," for t in _float16_text().tolist()], pa.large_binary())
     return _F16_BYTES
 
 
@@ -66,8 +66,12 @@ def vector_json(vector: np.ndarray) -> str:
 
 def vector_json_bytes(vector: np.ndarray) -> bytes:
     """``vector_json(vector)`` as bytes, made without an intermediate str for float16."""
-    if vector.dtype == np.float16:
-        return b",".join(_float16_bytes()[np.ascontiguousarray(vector).view(np.uint16)].tolist())
+    if vector.dtype == np.float16 and vector.size:
+        # Arrow's take (C++) gathers the texts, commas included, into one data buffer: the text is that
+        # buffer up to the last comma (about 3x faster than joining Python bytes objects)
+        taken = _float16_bytes().take(pa.array(np.ascontiguousarray(vector).view(np.uint16)))
+        offsets = np.frombuffer(taken.buffers()[1], np.int64)[taken.offset:taken.offset + len(taken) + 1]
+        return memoryview(taken.buffers()[2])[offsets[0]:offsets[-1] - 1].tobytes()
     return vector_json(vector).encode()
 
 
