@@ -191,7 +191,7 @@ class Service:
             items = view.page_json(order, offset, limit)
         head = {"checkpoint": row.id, "spec_id": row.spec_id, "order": order, "total": view.total,
                 "offset": offset, "limit": limit, "excluded": view.excluded}
-        return json.dumps(head, separators=(",", ":")).encode()[:-1] + b',"items":' + items + b"}"
+        return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":', items, b"}"))
 
     # gradients
 
@@ -223,7 +223,8 @@ class Service:
     def gradient_body(row: CheckpointRow, view: GradientView, rows: list[int], split: str | None) -> bytes:
         head = {"checkpoint": row.id, "spec_id": row.spec_id, "split": view.meta.get("split", split), "dim": view.dim}
         # encoded here, not through the response model: re-validating thousands of floats costs more than the lookup
-        return json.dumps(head, separators=(",", ":")).encode()[:-1] + b',"items":' + view.records_json(rows) + b"}"
+        return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":', view.records_json(rows),
+                         b"}"))
 
     # the fast path: answers from what is loaded, or None (then the full route answers, errors included)
 

@@ -186,7 +186,7 @@ class GradientView:
 
     def records_json(self, rows: list[int]) -> bytes:
         """A JSON array of records (metadata fields and the vector) for ``rows``."""
-        return b"[" + b",".join([self.record_json(r) for r in rows]) + b"]"
+        return b"".join((b"[", b",".join([self.record_json(r) for r in rows]), b"]"))  # joins: one copy each
 
     def record_json(self, r: int) -> bytes:
         """Row ``r`` as a JSON record, from the render cache when it was rendered before."""
@@ -203,7 +203,7 @@ class GradientView:
         for c in GRADIENT_OPTIONAL_COLUMNS:
             meta[c] = _finite(self.optional[c][r]) if c in self.optional else None
         head = json.dumps(meta, allow_nan=False, separators=(",", ":")).encode()
-        return head[:-1] + b',"vector":[' + vector_json_bytes(self.vectors[r]) + b"]}"
+        return b"".join((head[:-1], b',"vector":[', vector_json_bytes(self.vectors[r]), b"]}"))
 
     def arrow_stream(self, rows: list[int]) -> bytes:
         """An Arrow IPC stream: prompt_id, vector (fixed-size list in the stored dtype), metadata columns,
