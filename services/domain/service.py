@@ -214,13 +214,9 @@ class Service:
                                  int(self.settings.render_cache_mb * 2**20))))
         return row, view
 
-    def gradients_json(self, checkpoint_id: str, prompt_ids: list[str], split: str | None) -> bytes:
-        """A ``GradientBatch`` as JSON bytes."""
-        row, view = self.gradient_view(checkpoint_id, split)
-        return self.gradient_body(row, view, view.rows(prompt_ids), split)
-
     @staticmethod
     def gradient_body(row: CheckpointRow, view: GradientView, rows: list[int], split: str | None) -> bytes:
+        """A ``GradientBatch`` of ``rows`` as JSON bytes."""
         head = {"checkpoint": row.id, "spec_id": row.spec_id, "split": view.meta.get("split", split), "dim": view.dim}
         # encoded here, not through the response model: re-validating thousands of floats costs more than the lookup
         return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":', view.records_json(rows),
@@ -259,7 +255,7 @@ class Service:
         return self._ranking_body(row, view, order, offset, limit, items)
 
     def peek_gradient_json(self, checkpoint_id: str, prompt_id: str, split: str | None) -> bytes | None:
-        """``gradients_json(checkpoint_id, [prompt_id], split)`` when the checkpoint, its job, a fresh version
+        """The JSON body of the route's lookup of ``prompt_id`` when the checkpoint, its job, a fresh version
         stamp of the split and its view are in memory and the split holds ``prompt_id``; else None. No I/O
         but rendering the record."""
         row = self._loaded_checkpoint(checkpoint_id)
