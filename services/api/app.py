@@ -17,7 +17,7 @@ from cropi.errors import CropiError
 from ..jobs.table import JobStore
 from ..domain.store import CropiLibrary, Library
 from .metrics import Metrics
-from .middleware import AccessLog, BearerAuth, BodyLimit
+from .middleware import AccessLog, BearerAuth, BodyLimit, HotPaths
 from ..domain.registry import Registry
 from .routes import router
 from ..jobs.runner import Runner
@@ -108,7 +108,9 @@ def create_app(settings: ServiceSettings, *, library: Library | None = None, kin
     app.state.metrics = Metrics(jobs.counts, jobs.prompts_scored)
     app.include_router(router)
     install_error_handlers(app)
-    # outermost first: log and time everything, then auth, then the body limit
+    # outermost first: log and time everything, then auth, then the body limit, then the in-memory hot reads
+    app.add_middleware(HotPaths, service=svc, routes={getattr(r, "name", None): r for r in app.routes},
+                       enabled=settings.fast_path)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(BearerAuth, token=settings.token)
     app.add_middleware(AccessLog, metrics=app.state.metrics)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
@@ -123,10 +122,7 @@ def _gradients(svc: Service, checkpoint_id: str, prompt_ids: list[str], split: s
     rows = view.rows(prompt_ids)
     if wants_arrow(accept):
         return Response(view.arrow_stream(rows), media_type=ARROW_STREAM)
-    head = {"checkpoint": row.id, "spec_id": row.spec_id, "split": view.meta.get("split", split), "dim": view.dim}
-    # encoded here, not through the response model: re-validating thousands of floats costs more than the lookup
-    body = json.dumps(head, separators=(",", ":")).encode()[:-1] + b',"items":' + view.records_json(rows) + b"}"
-    return Response(body, media_type="application/json")
+    return Response(svc.gradient_body(row, view, rows, split), media_type="application/json")
 
 
 # curricula

@@ -43,6 +43,11 @@ class VersionedCache(Generic[V]):
                     self._entries.popitem(last=False)
             return value
 
+    def peek(self, key: Hashable, token: Hashable) -> V | None:
+        """The value cached under ``key`` for an equal ``token``, or None; never loads."""
+        hit = self._lookup(key, token)
+        return hit[0] if hit is not None else None
+
     def _lookup(self, key: Hashable, token: Hashable) -> tuple[V] | None:
         with self._lock:
             entry = self._entries.get(key)
@@ -54,3 +59,42 @@ class VersionedCache(Generic[V]):
     def _key_lock(self, key: Hashable) -> threading.Lock:
         with self._lock:
             return self._key_locks.setdefault(key, threading.Lock())
+
+
+class ByteLRU:
+    """Thread-safe LRU of bytes values holding at most ``max_bytes`` in all (0: holds nothing).
+
+    A value larger than the whole budget is returned by ``put`` but not kept.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max(0, int(max_bytes))
+        self.bytes = 0
+        self._entries: OrderedDict[Hashable, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Hashable) -> bytes | None:
+        if not self.max_bytes:
+            return None
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+            return value
+
+    def put(self, key: Hashable, value: bytes) -> bytes:
+        if len(value) > self.max_bytes:
+            return value
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.bytes -= len(old)
+            self._entries[key] = value
+            self.bytes += len(value)
+            while self.bytes > self.max_bytes:
+                _, dropped = self._entries.popitem(last=False)
+                self.bytes -= len(dropped)
+        return value

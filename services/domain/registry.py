@@ -126,6 +126,15 @@ class Registry:
         d["validation"] = json.loads(d["validation"])
         return self._cache.setdefault(("checkpoint", checkpoint_id), CheckpointRow(**d))
 
+    def cached_checkpoint(self, checkpoint_id: str) -> CheckpointRow | None:
+        """The checkpoint row if it was read before (no database access), else None."""
+        return self._cache.get(("checkpoint", checkpoint_id))
+
+    def cached_dataset_names(self, dataset_ids: list[str]) -> set[str]:
+        """Names of those of ``dataset_ids`` read before (no database access)."""
+        rows = (self._cache.get(("dataset", d)) for d in dataset_ids)
+        return {r.name for r in rows if r is not None}
+
     # curricula
 
     def add_curriculum(self, row: CurriculumRow) -> None:

@@ -182,11 +182,16 @@ class Service:
         """A ``RankingPage`` as JSON bytes (the items come pre-encoded from the view)."""
         row = self.registry.checkpoint(checkpoint_id)
         view = self.ranking_view(row)
-        order = validation or FUSED
-        items = view.page_json(order, offset, limit)
+        return self._ranking_body(row, view, validation or FUSED, offset, limit)
+
+    @staticmethod
+    def _ranking_body(row: CheckpointRow, view: RankingView, order: str, offset: int, limit: int,
+                      items: bytes | None = None) -> bytes:
+        if items is None:
+            items = view.page_json(order, offset, limit)
         head = {"checkpoint": row.id, "spec_id": row.spec_id, "order": order, "total": view.total,
                 "offset": offset, "limit": limit, "excluded": view.excluded}
-        return json.dumps(head, separators=(",", ":")).encode()[:-1] + b',"items":' + items + b"}"
+        return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":', items, b"}"))
 
     # gradients
 
@@ -205,8 +210,68 @@ class Service:
             token = self._job_token(row, self.jobs.get(row.job_id))
         view = self.gradient_views.get(key, token, lambda: self._load(
             f"the stored gradients of checkpoint {row.id}, split {split!r}",
-            lambda: GradientView(self.library.gradients(row.name, row.spec_id, split))))
+            lambda: GradientView(self.library.gradients(row.name, row.spec_id, split),
+                                 int(self.settings.render_cache_mb * 2**20))))
         return row, view
+
+    @staticmethod
+    def gradient_body(row: CheckpointRow, view: GradientView, rows: list[int], split: str | None) -> bytes:
+        """A ``GradientBatch`` of ``rows`` as JSON bytes."""
+        head = {"checkpoint": row.id, "spec_id": row.spec_id, "split": view.meta.get("split", split), "dim": view.dim}
+        # encoded here, not through the response model: re-validating thousands of floats costs more than the lookup
+        return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":', view.records_json(rows),
+                         b"}"))
+
+    # the fast path: answers from what is loaded, or None (then the full route answers, errors included)
+
+    def _fresh_version(self, key: Hashable) -> tuple[Hashable | None] | None:
+        """``(token,)`` when ``key``'s version stamp was looked at less than ``version_ttl_s`` ago, else None."""
+        seen = self._versions.get(key)
+        if seen is None or time.monotonic() - seen[0] >= self.settings.version_ttl_s:
+            return None
+        return (seen[1],)
+
+    def _loaded_checkpoint(self, checkpoint_id: str) -> CheckpointRow | None:
+        row = self.registry.cached_checkpoint(checkpoint_id)
+        if row is None or row.job_id not in self._done:
+            return None
+        return row
+
+    def peek_ranking_page(self, checkpoint_id: str, offset: int, limit: int, validation: str | None) -> bytes | None:
+        """``ranking_page(...)`` when the checkpoint, its succeeded job, a fresh version stamp of its ranking
+        and the view (with ``validation``'s order encoded) are all in memory; else None. No I/O."""
+        row = self._loaded_checkpoint(checkpoint_id)
+        if row is None:
+            return None
+        key = (row.name, row.spec_id)
+        seen = self._fresh_version(key)
+        if seen is None or not seen[0]:  # no stamp: versioned by the job table, which is not in memory
+            return None
+        view = self.rankings.peek(key, seen[0])
+        order = validation or FUSED
+        items = view.encoded_page_json(order, offset, limit) if view is not None else None
+        if items is None:
+            return None
+        return self._ranking_body(row, view, order, offset, limit, items)
+
+    def peek_gradient_json(self, checkpoint_id: str, prompt_id: str, split: str | None) -> bytes | None:
+        """The JSON body of the route's lookup of ``prompt_id`` when the checkpoint, its job, a fresh version
+        stamp of the split and its view are in memory and the split holds ``prompt_id``; else None. No I/O
+        but rendering the record."""
+        row = self._loaded_checkpoint(checkpoint_id)
+        if row is None:
+            return None
+        name = split or POOL_SPLIT
+        if name != POOL_SPLIT and name not in self.registry.cached_dataset_names(row.validation):
+            return None
+        key = (row.name, row.spec_id, name)
+        seen = self._fresh_version(key)
+        if seen is None or seen[0] is None:
+            return None
+        view = self.gradient_views.peek(key, seen[0])
+        if view is None or prompt_id not in view.index:
+            return None
+        return self.gradient_body(row, view, [view.index[prompt_id]], split)
 
     # curricula
 

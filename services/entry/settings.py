@@ -39,6 +39,13 @@ class ServiceSettings(BaseSettings):
     poll_s: float = Field(default=0.2, gt=0)
     version_ttl_s: float = Field(default=1.0, ge=0, description="how long a stored file's version stamp is "
                                  "trusted before the file is looked at again (0: every request)")
+    fast_path: bool = Field(default=True, description="answer ranking pages and single gradient lookups whose "
+                            "stored result is already loaded and fresh without the FastAPI request machinery "
+                            "(same bodies; anything else goes through the full route). A read whose version "
+                            "stamp is due for a look (version_ttl_s) takes the full route, so with "
+                            "version_ttl_s=0 none is fast")
+    render_cache_mb: float = Field(default=64.0, ge=0, description="memory for rendered JSON gradient records, "
+                                   "per loaded split (0: render every request)")
     # Extra or replacement job kinds: kind -> "module:function". For plugins and tests.
     job_kinds: dict[str, str] = Field(default_factory=dict)
 
