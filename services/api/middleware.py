@@ -12,6 +12,7 @@ from urllib.parse import parse_qsl
 
 from ..domain.errors import BodyTooLargeError, UnauthorizedError
 from .metrics import Metrics
+from .schemas import NAME_MAX, OFFSET_MAX, PAGE_DEFAULT, PAGE_MAX
 
 log = logging.getLogger(__name__)
 
@@ -193,17 +194,17 @@ class HotPaths:
             q = _simple_query(scope.get("query_string", b""), frozenset({"offset", "limit", "validation"}))
             if q is None:
                 return None
-            offset = _bounded_int(q.get("offset"), 0, 0, 2**31)
-            limit = _bounded_int(q.get("limit"), 100, 1, 10_000)
+            offset = _bounded_int(q.get("offset"), 0, 0, OFFSET_MAX)  # the route's bounds (schemas.py)
+            limit = _bounded_int(q.get("limit"), PAGE_DEFAULT, 1, PAGE_MAX)
             validation = q.get("validation")
-            if offset is None or limit is None or (validation is not None and len(validation) > 64):
+            if offset is None or limit is None or (validation is not None and len(validation) > NAME_MAX):
                 return None
             body = self.service.peek_ranking_page(m.group(1), offset, limit, validation)
             return (self.ranking_route, body) if body is not None else None
         m = _GRADIENT.fullmatch(path)
         if m is not None and self.gradient_route is not None:
             q = _simple_query(scope.get("query_string", b""), frozenset({"split"}))
-            if q is None or len(q.get("split", "")) > 64:
+            if q is None or len(q.get("split", "")) > NAME_MAX:
                 return None
             if any(k == b"accept" and _ARROW in v for k, v in scope["headers"]):
                 return None

@@ -91,9 +91,9 @@ def cancel_job(job_id: Id, request: Request) -> dict:
 
 @router.get("/v1/checkpoints/{checkpoint_id}/ranking", response_model=models.RankingPage, tags=["checkpoints"])
 def get_ranking(checkpoint_id: Id, request: Request,
-                offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
-                limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-                validation: Annotated[str | None, Query(max_length=64, description="sort by this validation set's "
+                offset: Annotated[int, Query(ge=0, le=models.OFFSET_MAX)] = 0,
+                limit: Annotated[int, Query(ge=1, le=models.PAGE_MAX)] = models.PAGE_DEFAULT,
+                validation: Annotated[str | None, Query(max_length=models.NAME_MAX, description="sort by this validation set's "
                                                         "score instead of the fused score")] = None) -> Response:
     """A page of the ranked pool, best first, with counts of excluded prompts by status."""
     return Response(service(request).ranking_page(checkpoint_id, offset, limit, validation),
@@ -103,7 +103,7 @@ def get_ranking(checkpoint_id: Id, request: Request,
 @router.get("/v1/checkpoints/{checkpoint_id}/gradients/{prompt_id:path}", response_model=models.GradientBatch,
             tags=["gradients"], responses={200: ARROW_RESPONSE})
 def get_gradient(checkpoint_id: Id, prompt_id: Annotated[str, Path(max_length=1024)], request: Request,
-                 split: Annotated[str | None, Query(max_length=64, description="default: the pool")] = None,
+                 split: Annotated[str | None, Query(max_length=models.NAME_MAX, description="default: the pool")] = None,
                  accept: Annotated[str | None, Header()] = None):
     """One prompt's stored projected gradient with its metadata."""
     return _gradients(service(request), checkpoint_id, [prompt_id], split, accept)

@@ -11,6 +11,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 Name = Field(pattern=NAME_PATTERN, description="letters, digits, '_', '.', '-'; at most 64; starts alphanumeric")
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 MAX_BATCH = 10_000
+PAGE_DEFAULT, PAGE_MAX, OFFSET_MAX, NAME_MAX = 100, 10_000, 2**31, 64  # ranking pages and query names
 MAX_PATH = 4096  # PATH_MAX on Linux
 Path_ = Field(min_length=1, max_length=MAX_PATH)
 MAX_SAMPLES = 256
