@@ -106,6 +106,38 @@ class ScriptedBackend:
         return out
 
 
+def _eval_row(step, acc):
+    return {"stage": 0, "step": step, "eval": {"a": {"mean@4": acc}, "b": {"mean@4": acc + 0.2}}}
+
+
+def test_accuracy_by_train_seconds_sums_only_the_steps_before_each_evaluation():
+    from cropi.demo.report import accuracy_by_train_seconds
+
+    steps = [{"stage": 0, "step": 1, "step_s": 0.5}, {"stage": 0, "step": 2, "step_s": 1.0},
+             {"stage": 1, "step": 3, "step_s": 2.0}, {"stage": 1, "step": 4, "step_s": 4.0}]
+    run = {"method": "iif", "seed": 0, "steps": steps,
+           "evals": [_eval_row(4, 0.5), _eval_row(0, 0.1), _eval_row(2, 0.3)]}  # out of order on purpose
+    got = accuracy_by_train_seconds([run], k=4)["iif"]["0"]
+    assert got == [[0.0, pytest.approx(0.2)], [1.5, pytest.approx(0.4)], [7.5, pytest.approx(0.6)]]
+
+
+def test_filter_stats_per_step_mean_over_seeds_and_cost_against_the_rest_of_the_step():
+    from cropi.demo.report import filter_stats
+
+    def run(seed, fractions):
+        return {"method": "ippo", "seed": seed, "evals": [],
+                "steps": [{"step": i + 1, "filtered_fraction": f, "filter_s": 1.0, "step_s": 3.0,
+                           **({"early_stop": True} if f > 0.5 else {})} for i, f in enumerate(fractions)]}
+
+    plain = {"method": "full", "seed": 0, "evals": [], "steps": [{"step": 1, "step_s": 1.0}]}
+    stats = filter_stats([run(0, [0.1, 0.3]), run(1, [0.3, 0.7]), plain])
+    assert set(stats) == {"ippo"}  # methods without a filter have no row
+    assert stats["ippo"]["filtered_fraction_by_step"] == pytest.approx([0.2, 0.5])
+    assert stats["ippo"]["filtered_fraction_mean"] == pytest.approx(0.35)
+    assert stats["ippo"]["filter_s_over_rest_of_step"] == pytest.approx(0.5)  # 1 s of filter, 2 s of the rest
+    assert stats["ippo"]["early_stops"] == 1
+
+
 def test_evaluate_policy_greedy_mean_and_pass_at_k_by_group():
     records = make_splits(5, {"pool": 36})["pool"]
     right = {r.prompt_id for i, r in enumerate(records) if i % 3 == 0}

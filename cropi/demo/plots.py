@@ -10,8 +10,11 @@ ACCURACY_PNG = "accuracy_vs_steps.png"
 SCORES_PNG = "score_distributions.png"
 SELECTION_PNG = "selection_mix.png"
 ESS_PNG = "ess_by_stage.png"
+SECONDS_PNG = "accuracy_vs_train_seconds.png"
+FILTERED_PNG = "filtered_fraction.png"
 COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_rate": "tab:green",
-          "oracle": "tab:purple"}
+          "oracle": "tab:purple", "ippo": "tab:orange", "iif": "tab:brown", "random_filter": "tab:olive",
+          "cropi+iif": "tab:pink"}
 
 
 def draw_all(out: Path, report: dict, scores: dict, ess: dict) -> list[str]:
@@ -22,7 +25,49 @@ def draw_all(out: Path, report: dict, scores: dict, ess: dict) -> list[str]:
     return [accuracy_plot(out / ACCURACY_PNG, report["curves"]),
             score_plot(out / SCORES_PNG, scores),
             selection_plot(out / SELECTION_PNG, report["selection"]),
-            ess_plot(out / ESS_PNG, ess)]
+            ess_plot(out / ESS_PNG, ess),
+            seconds_plot(out / SECONDS_PNG, report["by_train_seconds"])] + \
+        ([filtered_plot(out / FILTERED_PNG, report["online_filter"])] if report["online_filter"] else [])
+
+
+def seconds_plot(path: Path, by_seconds: dict) -> str:
+    """Sampled target accuracy against training seconds (steps' own time: the online filters' cost
+    counts, evaluations and CROPI's between-stage scoring do not); mean over seeds per evaluation."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for method, seeds in sorted(by_seconds.items()):
+        n = min(len(p) for p in seeds.values())
+        pts = np.array([p[:n] for p in seeds.values()])  # seeds x evaluations x (seconds, accuracy)
+        ax.plot(pts[:, :, 0].mean(0), pts[:, :, 1].mean(0), color=COLORS.get(method), label=method)
+    ax.set_xlabel("training seconds (sampling + filter + update)")
+    ax.set_ylabel("target test accuracy (sampled)")
+    ax.set_title("accuracy against training time (mean over seeds)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path.name
+
+
+def filtered_plot(path: Path, stats: dict) -> str:
+    """Fraction of each step's responses the online filter dropped (mean over seeds)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for method, st in sorted(stats.items()):
+        ax.plot(range(1, len(st["filtered_fraction_by_step"]) + 1), st["filtered_fraction_by_step"],
+                color=COLORS.get(method), label=method, lw=0.9)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("fraction of responses filtered")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path.name
 
 
 def ess_plot(path: Path, ess: dict) -> str:

@@ -16,6 +16,8 @@ greedy accuracy is reported beside it. report.json keys:
 - ``cropi_scores``: seed -> stage -> cosine statistics of the ranking behind the selection
 - ``cropi_ess``: seed -> stage -> ESS/K quantiles of the pool's reused trajectories at that stage
 - ``trainer``: mean seconds per step (sampling, update) and per evaluation
+- ``by_train_seconds``: method -> seed -> [training seconds, sampled accuracy] at every evaluation
+- ``online_filter``: online-filter methods -> filtered fraction per step, filter cost, early stops
 - ``timing_s`` (wall seconds per phase), ``cpu_s`` (CPU seconds of the run, workers included),
   ``plots`` (file names)
 """
@@ -67,6 +69,8 @@ def build_report(settings: DemoSettings, data: dict, runs: list[dict], timing: d
         "cropi_scores": cropi_score_stats(runs),
         "cropi_ess": ess_stats(runs),
         "trainer": trainer_timing(runs),
+        "by_train_seconds": accuracy_by_train_seconds(runs, settings.eval_samples),
+        "online_filter": filter_stats(runs),
         "timing_s": dict(timing, total=round(sum(timing.values()), 2)),
     }
 
@@ -138,6 +142,40 @@ def final_accuracy(by_step: dict) -> dict:
         finals = [acc[str(max(int(s) for s in acc))]["splits"] for acc in seeds.values()]
         out[method] = {split: {key: float(np.mean([f[split][key] for f in finals]))
                                for key in finals[0][split] if key != "n"} for split in finals[0]}
+    return out
+
+
+def accuracy_by_train_seconds(runs: list[dict], k: int) -> dict:
+    """method -> seed -> [[training seconds, sampled target accuracy]] at every evaluation. Training
+    seconds sum the steps' own time (sampling, the online filter, the update) up to the evaluated
+    (global) step; evaluations and CROPI's scoring between stages are left out (``run_s`` has them)."""
+    out: dict = defaultdict(dict)
+    for run in runs:
+        steps = sorted((r["step"], r["step_s"]) for r in run["steps"] if "step_s" in r)
+        seconds = np.cumsum([0.0] + [t for _, t in steps])
+        numbers = [n for n, _ in steps]
+        out[run["method"]][str(run["seed"])] = [
+            [round(float(seconds[np.searchsorted(numbers, row["step"], side="right")]), 3),
+             float(np.mean([e[f"mean@{k}"] for e in row["eval"].values()]))]
+            for row in sorted(run["evals"], key=lambda r: r["step"])]
+    return dict(out)
+
+
+def filter_stats(runs: list[dict]) -> dict:
+    """Online-filter methods: method -> filtered fraction per step (mean over seeds), and the filter's
+    share of the step's time (mean over steps and seeds)."""
+    out: dict = {}
+    for method in sorted({r["method"] for r in runs}):
+        rows = [[s for s in r["steps"] if "filtered_fraction" in s] for r in runs if r["method"] == method]
+        if not any(rows):
+            continue
+        n = min(len(x) for x in rows)
+        frac = np.array([[s["filtered_fraction"] for s in x[:n]] for x in rows])
+        cost = [s["filter_s"] / max(s["step_s"] - s["filter_s"], 1e-9) for x in rows for s in x]
+        out[method] = {"filtered_fraction_by_step": frac.mean(axis=0).tolist(),
+                       "filtered_fraction_mean": float(frac.mean()),
+                       "filter_s_over_rest_of_step": float(np.median(cost)),
+                       "early_stops": int(sum(bool(s.get("early_stop")) for x in rows for s in x))}
     return out
 
 
@@ -299,6 +337,13 @@ def markdown(report: dict) -> str:
     lines += ["", "## What each stage selected (skill shares, mean over seeds)", ""] + _selection_table(report["selection"])
     lines += ["", "Share of the most common answer among each targeted skill's selected prompts (label skew; "
               "mean over seeds):", ""] + _label_table(report["selection"])
+    if report["online_filter"]:
+        lines += ["", "## Online filters (I-PPO, IIF) inside training", "",
+                  "| method | filtered fraction (mean) | filter time / rest of the step (median) | early stops |",
+                  "|---|---|---|---|"]
+        for method, st in report["online_filter"].items():
+            lines.append(f"| {method} | {st['filtered_fraction_mean']:.3f} | {st['filter_s_over_rest_of_step']:.2f} | "
+                         f"{st['early_stops']} |")
     lines += ["", "## How far each stage's checkpoint is from the reused trajectories (pool ESS/K)", ""]
     lines += _ess_table(report["cropi_ess"])
     lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in report["plots"]]
