@@ -53,6 +53,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cropi.projection import ProjectionSpec, make_projector
+from cropi.trainers.objective import group_advantages
 
 Policy = Literal["none", "ippo", "iif", "random"]
 
@@ -271,7 +272,7 @@ class OnlineFilter:
                 seqs += [(r["ids"], s.token_ids) for s in g]
                 rewards += [x or 0.0 for x in score_responses(reward_fn, [s.text for s in g], r["answer"])]
             resp = Responses.build(seqs, self.pad_id)
-            adv = _group_advantages(torch.tensor(rewards), cfg.samples)
+            adv = group_advantages(torch.tensor(rewards), cfg.samples)
             self.validation.append(_Validation(name, resp, adv, self.engine.token_logprobs(resp), len(rows)))
 
     def select(self, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], adv: torch.Tensor) -> FilterResult:
@@ -304,12 +305,6 @@ class _Validation:
         """Mean over the set's prompts of P g(s), g(s) = -(1/K) sum_k (1/|y_k|) sum_t rho A (POPI)."""
         k = len(self.advantages) // self.n_prompts
         return engine.summed(self.responses, self.advantages, self.behavior) / (k * self.n_prompts)
-
-
-def _group_advantages(rewards: torch.Tensor, size: int) -> torch.Tensor:
-    from cropi.gradients.popi import group_advantages
-
-    return torch.cat([group_advantages(g) for g in rewards.reshape(-1, size)]).float()
 
 
 @contextmanager

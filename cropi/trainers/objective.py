@@ -19,17 +19,18 @@ from typing import Literal
 
 import torch
 
+from cropi.gradients import popi
+
 Aggregation = Literal["token-mean", "seq-mean-token-mean"]
-EPS = 1e-4
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Group-normalised advantages of rewards laid out group after group (prompt-major)."""
+    """Group-normalised advantages of rewards laid out group after group (prompt-major): POPI's own
+    per-group definition (``cropi.gradients.popi.group_advantages``), so training and scoring agree."""
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    groups = rewards.reshape(-1, group_size).to(torch.float64)
-    adv = (groups - groups.mean(dim=1, keepdim=True)) / (groups.std(dim=1, keepdim=True) + EPS)
-    return adv.reshape(-1).to(torch.float32)
+    groups = rewards.reshape(-1, group_size)
+    return torch.cat([popi.group_advantages(g) for g in groups]).to(torch.float32)
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
