@@ -163,7 +163,7 @@ def accuracy_by_train_seconds(runs: list[dict], k: int) -> dict:
 
 def filter_stats(runs: list[dict]) -> dict:
     """Online-filter methods: method -> filtered fraction per step (mean over seeds), and the filter's
-    time over the rest of its step (median over steps and seeds: the benchmark's filter_cost_ratio)."""
+    time over the rest of its step (median over steps and seeds)."""
     out: dict = {}
     for method in sorted({r["method"] for r in runs}):
         rows = [[s for s in r["steps"] if "filtered_fraction" in s] for r in runs if r["method"] == method]
