@@ -301,7 +301,7 @@ def _clean(obj):
 def markdown(report: dict) -> str:
     s = report["settings"]
     acc, gain = report["step_acceleration"], report["full_gain"]
-    lines = ["# cropi demo: CROPI against full-pool, random, pass-rate and oracle selection", "",
+    lines = [f"# cropi demo: {', '.join(s['methods'])}", "",
              f"Tiny Qwen2-architecture model warm-started on the skills task ({_sizes(report['task'])}), "
              f"{s['stages']} stages x {s['steps_per_stage']} GRPO steps (lean trainer, {s['batch_prompts']} prompts "
              f"x {s['rollouts']} rollouts a step, lr {s['lr']}), {s['seeds']} seeds, selection fraction "
