@@ -43,12 +43,7 @@ def seconds_plot(path: Path, by_seconds: dict) -> str:
     ax.set_xlabel("training seconds (sampling + filter + update)")
     ax.set_ylabel("target test accuracy (sampled)")
     ax.set_title("accuracy against training time (mean over seeds)", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path.name
+    return _save(fig, ax, path)
 
 
 def filtered_plot(path: Path, stats: dict) -> str:
@@ -62,12 +57,7 @@ def filtered_plot(path: Path, stats: dict) -> str:
     ax.set_xlabel("training step")
     ax.set_ylabel("fraction of responses filtered")
     ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path.name
+    return _save(fig, ax, path)
 
 
 def ess_plot(path: Path, ess: dict) -> str:
@@ -85,12 +75,7 @@ def ess_plot(path: Path, ess: dict) -> str:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("ESS / K per pool prompt")
     ax.set_title("CROPI: ESS of the reused trajectories by stage", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path.name
+    return _save(fig, ax, path)
 
 
 def accuracy_plot(path: Path, curves: dict) -> str:
@@ -170,5 +155,17 @@ def selection_plot(path: Path, selection: dict) -> str:
     fig.suptitle("What each stage selected (mean over seeds) vs the pool", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path.name
+
+
+def _save(fig, ax, path: Path) -> str:
+    """Grid, legend, tight layout, write the PNG, free the figure; returns the file name."""
+    import matplotlib.pyplot as plt
+
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path.name
