@@ -61,25 +61,11 @@ class TruncatedISComputer(GradientComputer):
     g = -(1/K) sum_k min(w_k, c) A_k (1/|y_k|) sum_t grad log pi(y_kt), w_k = prod_t pi/beta (no gradient
     through w). At theta = beta it is the on-policy POPI gradient, as the default estimator is."""
 
-    def _backward(self, prompt, responses, behavior, adv):
-        from cropi.gradients.batching import build_micro_batch, plan_micro_batches
-
-        for _, p in self.params:
-            p.grad = None
-        log_w = torch.zeros(len(responses), dtype=torch.float64)
-        lengths = [len(prompt) + len(r) for r in responses]
-        for indices in plan_micro_batches(lengths, self.options.token_budget):
-            mb = build_micro_batch(prompt, responses, behavior, indices, self.pad_id)
-            logp = self._token_logprobs(mb)
-            mask = mb.response_mask.to(self.device)
-            lw = sequence_log_weights(logp.detach(), mb.behavior_logp.to(self.device), mask)
-            log_w[indices] = lw.cpu()
-            if adv is not None:
-                w = torch.exp(lw).clamp(max=TIS_CAP).to(logp.dtype)
-                per = (logp * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-                loss = -(w * adv[indices].to(logp.dtype) * per).sum() / len(responses)
-                loss.backward()
-        return log_w
+    def _loss(self, logp, behavior_logp, mask, adv, n_group):
+        lw = sequence_log_weights(logp.detach(), behavior_logp, mask)
+        w = torch.exp(lw).clamp(max=TIS_CAP).to(logp.dtype)
+        per = (logp * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return -(w * adv.to(logp.dtype) * per).sum() / n_group
 
 
 def scores(computer: GradientComputer, pool, val) -> tuple[np.ndarray, dict, np.ndarray]:

@@ -96,10 +96,12 @@ class GradientComputer:
             beh, mask = mb.behavior_logp.to(self.device), mb.response_mask.to(self.device)
             log_w[indices] = sequence_log_weights(logp.detach(), beh, mask).cpu()
             if adv is not None:
-                loss = popi_loss(logp, beh, mask, adv[indices].to(self.device), n_group=len(responses),
-                                 clip_eps=self.options.clip_eps)
-                loss.backward()
+                self._loss(logp, beh, mask, adv[indices].to(self.device), len(responses)).backward()
         return log_w
+
+    def _loss(self, logp, behavior_logp, mask, adv, n_group: int) -> torch.Tensor:
+        """The micro-batch's share of the group's loss: POPI's (an estimator variant overrides this)."""
+        return popi_loss(logp, behavior_logp, mask, adv, n_group=n_group, clip_eps=self.options.clip_eps)
 
     @staticmethod
     def _ess(log_w: torch.Tensor, k: int) -> dict:
