@@ -42,7 +42,7 @@ MODEL_DIMS = dict(hidden_size=384, num_attention_heads=6, num_key_value_heads=2,
                   intermediate_size=1152, vocab_size=512)
 DEFAULT = ProjectionSpec()
 SEEDS = (0, 1, 2)
-FULL = dict(pool=600, val=50, dims=(4096, 32768), fractions=(1.0, 0.1, 0.01), dense_dims=(1024,))
+FULL = dict(pool=640, val=50, dims=(4096, 32768), fractions=(1.0, 0.1, 0.01), dense_dims=(1024,))
 # --quick: the demo's shipped 0.45M model (no warm-start to build), a small pool and grid.
 QUICK = dict(pool=80, val=8, dims=(4096, 32768), fractions=(0.1, 0.01), dense_dims=(1024,))
 DENSE_FRACTION = 0.01  # a dense k x |S| matrix is generated per block: only a small S is affordable on CPU
