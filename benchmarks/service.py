@@ -317,9 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     report["goal_met"] = bool(load["errors"] == 0 and load["ranking_page_1000"] and load["gradient_lookup_json"]
                               and load["ranking_page_1000"]["p99_ms"] < 50
                               and load["gradient_lookup_json"]["p99_ms"] < 50)
-    report["command"] = "python benchmarks/service.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(report, indent=2) + "\n")
+    return write_report(report, a.json, "benchmarks/service.py", argv)
+
+
+def write_report(report: dict, path: Path, script: str, argv) -> int:
+    """Record the command line in the report, write it as JSON to ``path`` and print it."""
+    report["command"] = f"python {script} " + " ".join(argv if argv is not None else sys.argv[1:])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     return 0
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
-import json
 import logging
 import os
 import platform
@@ -45,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.service import (NAME, VALIDATION, closed_loop, open_loop, percentiles, register,  # noqa: E402
-                                write_split)
+                                write_report, write_split)
 from cropi.pipeline.rank import rank  # noqa: E402
 from cropi.projection import ProjectionSpec  # noqa: E402
 from cropi.store import GradientStore  # noqa: E402
@@ -289,11 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.skip_servers:
         report["servers"] = servers(root, baseline, ck, ranked, a.prompts, a)
     report["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    report["command"] = "python benchmarks/service_hotpath.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
-    return 0
+    return write_report(report, a.json, "benchmarks/service_hotpath.py", argv)
 
 
 if __name__ == "__main__":

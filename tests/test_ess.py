@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -18,19 +17,11 @@ from cropi.projection import ProjectionSpec, make_projector
 from cropi.store import CheckpointRef, GradientStore
 from cropi.store.types import gradient_schema, legacy_schema
 from cropi.store.sharded import ShardedDataset
+from test_gradients import Traj  # the trajectory stand-in the gradient tests use
 
 VOCAB = 61
 CKPT = CheckpointRef(name="ckpt", fingerprint="fp")
 SPEC = {"kind": "sjlt", "dim": 8, "seed": 0, "spec_id": "s8"}
-
-
-@dataclass
-class Traj:
-    prompt_id: str
-    prompt_token_ids: list
-    responses: list
-    behavior_logprobs: list
-    rewards: list
 
 
 def test_ess_worked_three_response_example():

@@ -43,7 +43,7 @@ def seconds_plot(path: Path, by_seconds: dict) -> str:
     ax.set_xlabel("training seconds (sampling + filter + update)")
     ax.set_ylabel("target test accuracy (sampled)")
     ax.set_title("accuracy against training time (mean over seeds)", fontsize=10)
-    return _save(fig, ax, path)
+    return _save(fig, path, ax)
 
 
 def filtered_plot(path: Path, stats: dict) -> str:
@@ -57,7 +57,7 @@ def filtered_plot(path: Path, stats: dict) -> str:
     ax.set_xlabel("training step")
     ax.set_ylabel("fraction of responses filtered")
     ax.set_ylim(0, 1)
-    return _save(fig, ax, path)
+    return _save(fig, path, ax)
 
 
 def ess_plot(path: Path, ess: dict) -> str:
@@ -75,7 +75,7 @@ def ess_plot(path: Path, ess: dict) -> str:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("ESS / K per pool prompt")
     ax.set_title("CROPI: ESS of the reused trajectories by stage", fontsize=10)
-    return _save(fig, ax, path)
+    return _save(fig, path, ax)
 
 
 def accuracy_plot(path: Path, curves: dict) -> str:
@@ -92,12 +92,7 @@ def accuracy_plot(path: Path, curves: dict) -> str:
         ax.set_xlabel("training steps")
         ax.set_ylabel(f"target test accuracy ({metric})")
         ax.set_title(f"{metric} (mean; band: min-max over seeds)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path.name
+    return _save(fig, path, *axes[0])
 
 
 def score_plot(path: Path, scores: dict) -> str:
@@ -159,12 +154,13 @@ def selection_plot(path: Path, selection: dict) -> str:
     return path.name
 
 
-def _save(fig, ax, path: Path) -> str:
-    """Grid, legend, tight layout, write the PNG, free the figure; returns the file name."""
+def _save(fig, path: Path, *axes) -> str:
+    """Grid and legend on each of ``axes``, tight layout, write the PNG, free the figure; returns the file name."""
     import matplotlib.pyplot as plt
 
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
