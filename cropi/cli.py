@@ -196,15 +196,19 @@ def _demo_args(p):
     p.add_argument("--out", default="out/demo", help="output folder (rerun with the same folder to resume)")
     p.add_argument("--seeds", type=int, help="training seeds per method (default: 3, --quick: 2)")
     p.add_argument("--workers", type=int, help="worker processes (default 2: one per core)")
-    p.add_argument("--methods", help="comma-separated subset of cropi,full,random,pass_rate,oracle (default: all)")
-    p.add_argument("--warm-start", action="store_true", help="warm-start the model now instead of using the shipped one")
+    p.add_argument("--task", help="built-in task (lists, skills; default lists) or module:attribute naming a "
+                                  "cropi.tasks.Task (docs/demo.md)")
+    p.add_argument("--methods", help="comma-separated methods (default: cropi,full,random,pass_rate,informative,oracle; "
+                                     "also cropi_by_answer, ippo, iif, random_filter, cropi+iif)")
+    p.add_argument("--warm-start", action="store_true", help="warm-start the model now from the task's recipe "
+                                                             "instead of using the shipped one")
 
 
-@command("demo", "CROPI against full-pool, random, pass-rate and oracle selection on a synthetic task (CPU)")(_demo_args)
+@command("demo", "CROPI against full-pool, random, pass-rate, informative and oracle selection on a task (CPU)")(_demo_args)
 def _demo(a):
     from cropi.demo import DemoSettings, run_demo
 
-    given = {"seeds": a.seeds, "workers": a.workers,
+    given = {"seeds": a.seeds, "workers": a.workers, "task": a.task,
              "methods": tuple(a.methods.split(",")) if a.methods else None}
     overrides = {k: v for k, v in given.items() if v is not None}
     settings = DemoSettings.make(quick=a.quick, **overrides)

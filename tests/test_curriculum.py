@@ -335,3 +335,18 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
                                                    "val_a": "/root/trajectories/82eebe8b77d116b4/val_a"}
     assert gradient_jobs(cfg, paths, cfg.model, {s: j.out for s, j in jobs.items()})[0].name == \
         "98ee53bb8a66fe96-7b16d27b"
+
+
+def test_informative_control_draws_only_mixed_reward_prompts():
+    from cropi.pipeline.baselines import fraction_count, select_informative
+
+    ids = [f"p{i}" for i in range(40)]
+    rates = {p: (0.0 if i % 4 == 0 else 1.0 if i % 4 == 1 else (i % 8) / 8) for i, p in enumerate(ids)}
+    rates.pop("p2")  # no scored reward: never drawn
+    mixed = {p for p, r in rates.items() if 0 < r < 1}
+    picked = select_informative(ids, rates, 0.25, seed=3, stage=0)
+    assert len(picked) == fraction_count(0.25, len(ids)) == 10 and len(set(picked)) == 10
+    assert set(picked) <= mixed
+    assert select_informative(ids, rates, 0.25, seed=3, stage=0) == picked  # deterministic in (seed, stage)
+    assert select_informative(ids, rates, 0.25, seed=3, stage=1) != picked  # drawn afresh at every stage
+    assert set(select_informative(ids, rates, 1.0, seed=0, stage=0)) == mixed  # fewer mixed than asked: all

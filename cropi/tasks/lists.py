@@ -136,6 +136,7 @@ SIZES = {POOL: 1200, **{f"val_{s}": 100 for s in SKILLS}, **{f"test_{s}": 200 fo
 
 TASK = Task(
     name="lists", make_splits=make_splits, targets=TARGETS, sizes=SIZES, max_new_tokens=5,
-    # stop_at: the first snapshot meeting the design criteria (docs/demo.md; python -m cropi.demo.build_assets --scan)
-    warm_start=dict(size="tiny", steps=3000, batch_size=64, lr=1e-3, seed=0, stop_at=None),
+    # stop_at: the first snapshot meeting the design criteria (docs/demo.md;
+    # benchmarks/results/demo/warmstart_scan.json from python -m cropi.demo.build_assets --task lists --scan)
+    warm_start=dict(size="tiny", steps=3000, batch_size=64, lr=1e-3, seed=0, stop_at=500),
     description="copy one 3-digit number out of a list by a rule (six skills, lists of 3-5)")
