@@ -164,7 +164,20 @@ def _format_ranking(res, limit: int) -> str:
     for r in rows:
         lines.append("\t".join(str(r["rank"]) if c == "rank" else (f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])) for c in head))
     lines.append(f"excluded: {res.excluded or 'none'}; selected: {sum(res.table[SELECTED].to_pylist())}")
-    return "\n".join(lines)
+    return "\n".join(lines + _format_mix(res.meta.get("selection")))
+
+
+def _format_mix(mix: dict | None) -> list[str]:
+    """The selection's data-source shares and modal-answer shares against the pool, then any warnings."""
+    if not mix:
+        return ["selection mix: pass --prompts POOL_FILE to see it (data sources, answer-label skew)"]
+    lines = ["data_source	pool_share	selected_share	pool_modal_answer	selected_modal_answer"]
+    for source, r in mix["sources"].items():
+        picked = "-" if r["selected_modal_answer_share"] is None else \
+            f"{r['selected_modal_answer_share']:.2f} ({r['selected_modal_answer']})"
+        lines.append(f"{source}\t{r['pool_share']:.2f}\t{r['selected_share']:.2f}\t"
+                     f"{r['pool_modal_answer_share']:.2f}\t{picked}")
+    return lines + [f"WARNING {w['code']}: {w['message']}" for w in mix["warnings"]]
 
 
 def _curriculum_args(p):

@@ -350,3 +350,23 @@ def test_informative_control_draws_only_mixed_reward_prompts():
     assert select_informative(ids, rates, 0.25, seed=3, stage=0) == picked  # deterministic in (seed, stage)
     assert select_informative(ids, rates, 0.25, seed=3, stage=1) != picked  # drawn afresh at every stage
     assert set(select_informative(ids, rates, 1.0, seed=0, stage=0)) == mixed  # fewer mixed than asked: all
+
+
+def test_every_stage_records_its_selection_mix_against_the_pool(setup, cropi_run):
+    from collections import Counter
+
+    from cropi.data import load_prompts
+    from cropi.pipeline.rank import load_ranking
+
+    result, _, _ = cropi_run
+    pool = {r.prompt_id: r for r in load_prompts(setup["files"]["pool"])}
+    for stage in result["stages"]:
+        subset = [r.prompt_id for r in load_prompts(stage["subset"])]
+        mix = stage["selection"]
+        assert mix["n"] == len(subset) == stage["n_prompts"] and mix["pool_n"] == len(pool)
+        counts = Counter(pool[p].data_source for p in subset)  # hand count from the subset file
+        for source, row in mix["sources"].items():
+            assert row["selected"] == counts.get(source, 0)
+    ranking = load_ranking(str(Path(setup["root"]) / "store"), result["stages"][0]["ranking"].split("/rankings/")[1]
+                           .split("/")[0])
+    assert ranking.meta["selection"]["n"] == result["stages"][0]["n_prompts"]

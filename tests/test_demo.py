@@ -142,6 +142,29 @@ def test_accuracy_by_train_seconds_sums_only_the_steps_before_each_evaluation():
     assert got == [[0.0, pytest.approx(0.2)], [1.5, pytest.approx(0.4)], [7.5, pytest.approx(0.6)]]
 
 
+def test_wallclock_counts_each_stages_scoring_from_that_stage_on():
+    from cropi.demo.report import accuracy_by_train_seconds, scoring_cost
+
+    steps = [{"stage": m, "step": i, "step_s": 1.0} for m, i in ((0, 1), (0, 2), (1, 3), (1, 4))]
+    stages = [{"index": 0, "score_s": 2.0, "global_step": 2, "steps_done": 2},
+              {"index": 1, "score_s": 5.0, "global_step": 4, "steps_done": 2}]
+    runs = [{"method": "cropi", "selection": "cropi", "seed": 0, "steps": steps, "stages": stages,
+             "evals": [_eval_row(0, 0.1), _eval_row(2, 0.3), _eval_row(4, 0.5)]},
+            {"method": "full", "selection": "full", "seed": 0, "steps": steps, "evals": [_eval_row(4, 0.5)],
+             "stages": [{**st, "score_s": 0.0} for st in stages]},
+            {"method": "pass_rate", "selection": "pass_rate", "seed": 0, "steps": steps, "evals": [],
+             "stages": [{**st, "score_s": 0.0} for st in stages]}]
+    settings = DemoSettings(task="skills", workers=2, pool_size=100, pool_samples=8, val_size=50,
+                            validation_samples=8)
+    cost = scoring_cost(runs, {"collect": 10.0, "score": 3.0}, settings)
+    # shared phases ran on 2 workers: collect 20 s, first gradients 6 s; the pool is 800 of 1600 responses
+    assert cost["cropi"]["0"] == {"0": 2.0 + 20.0 + 6.0, "1": 5.0}
+    assert cost["pass_rate"]["0"] == {"0": 10.0, "1": 0.0} and cost["full"]["0"] == {"0": 0.0, "1": 0.0}
+    got = accuracy_by_train_seconds(runs[:1], k=4, cost=cost)["cropi"]["0"]
+    # step 2: 2 s of steps + stage 0's 28 s; step 4: 4 s + 28 s + stage 1's 5 s (scored before step 3)
+    assert [p[0] for p in got] == [0.0, 30.0, 37.0]
+
+
 def test_filter_stats_per_step_mean_over_seeds_and_cost_against_the_rest_of_the_step():
     from cropi.demo.report import filter_stats
 
