@@ -50,7 +50,8 @@ class DemoSettings(BaseModel):
     projection_dim: int = Field(2048, ge=16)
     kept_fraction: float = Field(0.1, gt=0, le=1)
     lr: float = Field(3e-4, gt=0)
-    batch_prompts: int = Field(8, ge=1)
+    batch_prompts: int = Field(16, ge=1, description="prompts a GRPO step (16: the steadiest full-pool curves of "
+                                                     "benchmarks/results/demo/task_probe.json)")
     rollouts: int = Field(8, ge=2)
     kl_coef: float = Field(0.0, ge=0, description="KL to theta_0 (0: off, as DAPO; CROPI used 0.001)")
     eval_every: int = Field(10, ge=1, description="global steps between test evaluations")
@@ -104,7 +105,7 @@ class DemoSettings(BaseModel):
         """Every method, a smaller pool, fewer steps and seeds: under 3 minutes on 2 cores."""
         small = dict(seeds=2, pool_size=360, val_size=24, test_size=60, stages=2, steps_per_stage=15,
                      validation_samples=8, projection_dim=512, eval_every=5, eval_samples=4,
-                     select_fraction=0.25)
+                     select_fraction=0.25, batch_prompts=8)
         return cls(**(small | overrides), _cap={k: True for k in small if k.endswith("_size") and k not in overrides})
 
     @classmethod

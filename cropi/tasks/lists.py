@@ -34,7 +34,7 @@ SKILLS = ("max", "min", "after", "before", "above", "nth")
 LEVELS = (1, 2, 3)
 SOURCE_PREFIX = "lists/"
 # Chosen from the warm start and full-pool training (docs/demo.md, benchmarks/results/demo/task_probe.json).
-TARGETS = {"above": ("val_above", "test_above"), "max": ("val_max", "test_max")}
+TARGETS = {"max": ("val_max", "test_max"), "nth": ("val_nth", "test_nth")}
 _ORDINALS = ("First", "Second", "Third", "Fourth", "Fifth")
 
 
