@@ -180,3 +180,29 @@ def test_validation_groups_split_each_set_by_label():
     assert got_ids == ids[6:12] and np.array_equal(got_vecs, vecs[6:12]) and MIN_GROUP <= 6
     untouched = split_by_label({"val": (ids, vecs, status), "w": (ids, vecs, status)}, {"val": labels})
     assert untouched["w"][0] == ids
+
+
+def test_grouping_validation_by_answer_draws_the_selection_from_every_label():
+    """The label-skew mechanism in miniature: each answer label pushes its own direction; the validation
+    set holds 8 prompts of label A to 2 of label B. The plain mean ranks A's pool prompts first; one vector
+    per label, fused by reciprocal rank, interleaves the labels."""
+    rng = np.random.default_rng(0)
+    a_dir, b_dir = np.eye(16)[0], np.eye(16)[1]
+    pool = np.stack([a_dir + 0.1 * rng.standard_normal(16) for _ in range(10)] +
+                    [b_dir + 0.1 * rng.standard_normal(16) for _ in range(10)]).astype(np.float32)
+    pool_ids = [f"a{i}" for i in range(10)] + [f"b{i}" for i in range(10)]
+    val = np.stack([a_dir] * 8 + [b_dir] * 2).astype(np.float32) + 0.01
+    val_ids = [f"v{i}" for i in range(10)]
+    status = ["ok"] * 10
+    sets = {"val": (val_ids, val, status)}
+    plain = rank_pool(pool_ids, pool, ["ok"] * 20, sets).select(top_k=6)
+    assert all(p.startswith("a") for p in plain)
+    labels = {"val": {p: ("A" if i < 8 else "B") for i, p in enumerate(val_ids)}}
+    from cropi.scoring import ranking as ranking_module
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ranking_module, "MIN_GROUP", 2)  # label B has 2 validation prompts here
+        grouped = rank_pool(pool_ids, pool, ["ok"] * 20, sets, groups=labels)
+    assert set(grouped.scores) == {"val[A]", "val[B]"}
+    picked = grouped.select(top_k=6)
+    assert sum(p.startswith("a") for p in picked) == 3 and sum(p.startswith("b") for p in picked) == 3

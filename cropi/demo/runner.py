@@ -109,6 +109,7 @@ def test_files(task: Task, data: dict[str, str]) -> dict[str, str]:
 def curriculum_config(settings: DemoSettings, task: Task, method: str, seed: int, model: str,
                       data: dict) -> CurriculumConfig:
     """One run of the comparison: only ``method`` and ``seed`` differ between runs."""
+    settings = settings.resolved()
     selection = ONLINE_METHODS[method][0] if method in ONLINE_METHODS else "cropi" if method in VARIANTS else method
     validation = validation_files(task, data)
     return CurriculumConfig(
