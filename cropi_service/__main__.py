@@ -1,4 +1,4 @@
-"""``python -m services``: same as ``cropi serve`` plus the standalone ``worker`` mode."""
+"""``python -m cropi_service``: same as ``cropi serve`` plus the standalone ``worker`` mode."""
 
 from .entry.cli import main
 

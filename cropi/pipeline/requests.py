@@ -1,8 +1,9 @@
-"""What the score step takes and gives back: ``ScoreRequest`` and ``ScoreResult`` (torch-free, so the
+"""What the score step takes and gives back: ``ScoreRequest`` and ``ScoreResult``, and where its store lies (torch-free, so the
 service's HTTP process derives its options from them; the step itself is ``cropi.pipeline.score``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal, Optional
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
@@ -71,3 +72,8 @@ class ScoreResult(BaseModel):
     ranked: int
     selected: list[str] = Field(description="the selected pool prompts, best first")
     ranking: str = Field(description="the stored ranking file (its 'selected' column is ``selected``)")
+
+
+def store_path(root: str | Path) -> str:
+    """The store (gradients, rankings) under a root the pipeline works in."""
+    return str(Path(root).resolve() / "store")

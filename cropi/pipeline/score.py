@@ -33,7 +33,7 @@ from cropi.pipeline.collect import CollectJob, collect
 from cropi.pipeline.gradients import GradientJob, compute_gradients
 from cropi.pipeline.progress import Progress, report
 from cropi.pipeline.rank import RankingResult, rank, ranking_path
-from cropi.pipeline.requests import ScoreRequest, ScoreResult
+from cropi.pipeline.requests import ScoreRequest, ScoreResult, store_path
 from cropi.store import TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.hashing import short_hash
@@ -61,10 +61,6 @@ def score_checkpoint(request: ScoreRequest, *, root: str | Path, progress: Progr
 def selected_ids(result: RankingResult) -> list[str]:
     """The prompts the ranking selected, best first (the table is in rank order)."""
     return [p for p, s in zip(result.table["prompt_id"].to_pylist(), result.table[SELECTED].to_pylist()) if s]
-
-
-def store_path(root: str | Path) -> str:
-    return str(Path(root).resolve() / "store")
 
 
 # ---------------------------------------------------------------- trajectories

@@ -17,15 +17,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cropi.contracts import GRADIENT_META_COLUMNS, GRADIENT_OPTIONAL_COLUMNS
+from cropi.contracts import GRADIENT_META_COLUMNS, GRADIENT_OPTIONAL_COLUMNS, SCORE_PREFIX
 from cropi.errors import InvalidInputError
 from cropi.pipeline.rank import RankingResult
 from cropi.store import GradientTable
 
-from .cache import ByteLRU
-from .errors import UnknownIdError
+from .cache import ByteLRU, NotLoaded
+from ..base.errors import UnknownIdError
 
-SCORE_PREFIX = "score:"
 FUSED = "fused"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
@@ -115,17 +114,15 @@ class RankingView:
         rank = self.table["rank"].to_numpy()
         return self.table.take(np.lexsort((rank, -score)))
 
-    def page_json(self, order: str, offset: int, limit: int) -> bytes:
-        """Rows ``offset .. offset+limit`` of ``order``, as a JSON array of API records."""
-        fragments = self._encoded(order)
-        return b"[" + b",".join(fragments[offset:offset + limit]) + b"]"
-
-    def encoded_page_json(self, order: str, offset: int, limit: int) -> bytes | None:
-        """``page_json(...)`` when ``order`` is encoded already, else None; never waits on the lock (an
-        encoding of another order under way must not hold up the event loop)."""
+    def page_json(self, order: str, offset: int, limit: int, peek: bool = False) -> bytes:
+        """Rows ``offset .. offset+limit`` of ``order``, as a JSON array of API records. With ``peek``,
+        NotLoaded unless ``order`` is encoded already: never waits on the lock (an encoding of another
+        order under way must not hold up the event loop)."""
         fragments = self._fragments.get(order)  # set whole, once encoded
         if fragments is None:
-            return None
+            if peek:
+                raise NotLoaded(order)
+            fragments = self._encoded(order)
         return b"[" + b",".join(fragments[offset:offset + limit]) + b"]"
 
     def _encoded(self, order: str) -> list[bytes]:
