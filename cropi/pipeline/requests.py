@@ -4,17 +4,16 @@ service's HTTP process derives its options from them; the step itself is ``cropi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from cropi.contracts import NAME_HELP, NAME_PATTERN, POOL, is_name
+from cropi.contracts import NAME_HELP, NAME_PATTERN, POOL, Fusion, VectorDtype, is_name
 from cropi.generation.options import CollectOptions
 from cropi.gradients.options import LossOptions
 from cropi.pipeline.rank import RankRequest
 from cropi.projection.spec import ProjectionSpec
 
-Dtype = Literal["float16", "float32"]
 _RANK = RankRequest.model_fields  # ranking settings: the rank step's defaults and bounds
 
 
@@ -37,13 +36,13 @@ class ScoreRequest(BaseModel):
     projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
     loss: LossOptions = LossOptions()
     collect: CollectOptions = CollectOptions()
-    fusion: Literal["rrf", "max"] = _RANK["fusion"]
+    fusion: Fusion = _RANK["fusion"]
     select_fraction: float = Field(_RANK["select_fraction"].default, gt=0, le=1,
                                    description=_RANK["select_fraction"].description,
                                    validation_alias=AliasChoices("select_fraction", "top_fraction", "fraction"))
     max_validation: int = _RANK["max_validation"]
     seed: int = _RANK["seed"]
-    gradient_dtype: Dtype = Field("float16", description="stored vector dtype",
+    gradient_dtype: VectorDtype = Field("float16", description="stored vector dtype",
                                   validation_alias=AliasChoices("gradient_dtype", "dtype"))
     device: str = Field("auto", description="torch device for gradients ('auto': cuda when present)")
 

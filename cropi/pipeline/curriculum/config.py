@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cropi.contracts import NAME_HELP, POOL, is_name
+from cropi.contracts import NAME_HELP, POOL, Fusion, VectorDtype, is_name
 from cropi.errors import InvalidInputError
 from cropi.generation import CollectOptions
 from cropi.gradients import LossOptions
@@ -51,9 +51,9 @@ class CurriculumConfig(BaseModel):
     recollect_each_stage: bool = False
     projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
     loss: LossOptions = LossOptions()
-    fusion: Literal["rrf", "max"] = _REQUEST["fusion"]
+    fusion: Fusion = _REQUEST["fusion"]
     max_validation: int = _REQUEST["max_validation"]
-    gradient_dtype: Literal["float16", "float32"] = Field(
+    gradient_dtype: VectorDtype = Field(
         "float16", description="stored vector dtype", validation_alias=AliasChoices("gradient_dtype", "dtype"))
     device: str = _REQUEST["device"]
 
