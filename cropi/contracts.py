@@ -1,4 +1,4 @@
-"""The shared vocabulary of cropi's data contracts, spelled once (see DESIGN.md).
+"""The shared vocabulary of cropi's data contracts, spelled once.
 
 The lowest layer: imports nothing of cropi, so every layer (store, scoring,
 pipeline, the service) can use it. Collection defaults live with the options

@@ -36,7 +36,7 @@ from cropi.utils.device import resolve_device
 CPU_KV_CACHE_BYTES = 512 << 20  # plenty for tiny and small models; pass kv_cache_memory_bytes for more
 CPU_MAX_MODEL_LEN = 2048
 CPU_BATCHED_TOKENS = 4096
-GRADIENT_DTYPE = "float32"  # the dtype the gradient pass runs the model in (cropi.pipeline.gradients)
+GRADIENT_DTYPE = "float32"  # the dtype the gradient pass runs the model in (cropi.pipeline.compute_gradients)
 TEACHER_TOKEN_BUDGET = 8192  # padded tokens per teacher-forcing micro-batch
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 

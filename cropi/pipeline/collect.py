@@ -12,7 +12,7 @@ from typing import Optional
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from cropi.contracts import Backend
-from cropi.data.prompts import load_prompts, prompts_fingerprint
+from cropi.data import load_prompts, prompts_fingerprint
 from cropi.generation import EngineOptions, SamplingConfig, make_backend
 from cropi.generation.options import CollectOptions
 from cropi.generation.prompting import check_prompt_fits, render_prompt
