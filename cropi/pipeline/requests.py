@@ -17,6 +17,14 @@ from cropi.projection.spec import ProjectionSpec
 _RANK = RankRequest.model_fields  # ranking settings: the rank step's defaults and bounds
 
 
+def validation_names(sets: dict[str, str]) -> dict[str, str]:
+    """``sets`` (validation set name -> prompt file) when every name is a valid split name other than the pool's."""
+    for name in sets:
+        if name == POOL or not is_name(name):
+            raise ValueError(f"validation set name {name!r} must be {NAME_HELP} and not {POOL!r}")
+    return sets
+
+
 class ScoreRequest(BaseModel):
     """What to score and how. Old field names are accepted: ``spec`` for ``projection``,
     ``top_fraction`` / ``fraction`` for ``select_fraction``, ``dtype`` for ``gradient_dtype``."""
@@ -46,13 +54,7 @@ class ScoreRequest(BaseModel):
                                   validation_alias=AliasChoices("gradient_dtype", "dtype"))
     device: str = Field("auto", description="torch device for gradients ('auto': cuda when present)")
 
-    @field_validator("validation")
-    @classmethod
-    def _check_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for name in v:
-            if name == POOL or not is_name(name):
-                raise ValueError(f"validation set name {name!r} must be {NAME_HELP} and not {POOL!r}")
-        return v
+    _validation_names = field_validator("validation")(classmethod(lambda cls, v: validation_names(v)))
 
     @property
     def splits(self) -> dict[str, str]:

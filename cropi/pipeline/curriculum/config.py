@@ -8,11 +8,11 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cropi.contracts import NAME_HELP, POOL, Fusion, VectorDtype, is_name
+from cropi.contracts import NAME_HELP, Fusion, VectorDtype, is_name
 from cropi.errors import InvalidInputError
 from cropi.generation import CollectOptions
 from cropi.gradients import LossOptions
-from cropi.pipeline.requests import ScoreRequest
+from cropi.pipeline.requests import ScoreRequest, validation_names
 from cropi.projection import ProjectionSpec
 from cropi.utils.hashing import short_hash
 
@@ -64,13 +64,7 @@ class CurriculumConfig(BaseModel):
             raise ValueError(f"curriculum name {v!r} must be {NAME_HELP}")
         return v
 
-    @field_validator("validation")
-    @classmethod
-    def _split_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for name in v:
-            if name == POOL or not is_name(name):
-                raise ValueError(f"validation split name {name!r} must be {NAME_HELP} and not {POOL!r}")
-        return v
+    _validation_names = field_validator("validation")(classmethod(lambda cls, v: validation_names(v)))
 
     @model_validator(mode="after")
     def _check(self) -> "CurriculumConfig":
