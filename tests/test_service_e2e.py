@@ -29,13 +29,14 @@ pytestmark = pytest.mark.slow
 scoring = pytest.importorskip("cropi.pipeline.score")
 httpx = pytest.importorskip("httpx")
 
-from cropi.data.prompts import write_jsonl  # noqa: E402
+from cropi.data import write_jsonl  # noqa: E402
 from cropi.generation import SamplingConfig  # noqa: E402
 from cropi.pipeline.collect import CollectJob, collect  # noqa: E402
 from cropi.pipeline.rank import load_ranking  # noqa: E402
 from cropi.projection import ProjectionSpec  # noqa: E402
 from cropi.store import GradientStore  # noqa: E402
-from services.domain.store import POOL_SPLIT, store_of  # noqa: E402
+from cropi.contracts import POOL  # noqa: E402
+from cropi.pipeline.requests import store_path  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "e2e-token-" + "x" * 24
@@ -77,8 +78,8 @@ def reference(world, tmp_path_factory):
         spec=ProjectionSpec(**PROJECTION))
     scoring.score_checkpoint(request, root=str(root))
     spec_id = ProjectionSpec(**PROJECTION).spec_id
-    ranking = load_ranking(store_of(root), "ck", pool=POOL_SPLIT, spec_id=spec_id)
-    pool = GradientStore(store_of(root)).open_split("ck", spec_id, POOL_SPLIT).read()
+    ranking = load_ranking(store_path(root), "ck", pool=POOL, spec_id=spec_id)
+    pool = GradientStore(store_path(root)).open_split("ck", spec_id, POOL).read()
     return {"ranking": ranking, "pool": pool, "spec_id": spec_id}
 
 
@@ -89,7 +90,7 @@ def free_port() -> int:
 
 
 class Server:
-    """``python -m services serve`` in a subprocess."""
+    """``python -m cropi_service serve`` in a subprocess."""
 
     def __init__(self, root: Path, data: Path, log: Path):
         self.root, self.data, self.log = root, data, log
@@ -99,7 +100,7 @@ class Server:
 
     def start(self) -> None:
         self.port = free_port()
-        cmd = [sys.executable, "-m", "services", "serve", "--root", str(self.root), "--port", str(self.port),
+        cmd = [sys.executable, "-m", "cropi_service", "serve", "--root", str(self.root), "--port", str(self.port),
                "--token-file", str(self.token_file), "--data-root", str(self.data)]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
@@ -191,7 +192,7 @@ def test_a_killed_server_resumes_scoring_and_serves_the_reference_results(world,
 
 
 def _worker_pid(root: Path, job_id: str) -> int | None:
-    from services.jobs.table import JobStore
+    from cropi_service.jobs.table import JobStore
 
     return JobStore(root / "service" / "jobs.sqlite").get(job_id).pid
 

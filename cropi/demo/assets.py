@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from cropi.data.records import PromptRecord, prompts_fingerprint
-from cropi.demo.warmstart import Snapshot, WarmStartConfig, warm_start
 from cropi.errors import NotFoundError
+from cropi.models.warmstart import Snapshot, WarmStartConfig, warm_start
 from cropi.tasks.base import BUILTIN, WARMSTART, Task, load_task
 
 ASSETS = Path(__file__).resolve().parent / "assets"

@@ -1,6 +1,6 @@
 """``python -m cropi.demo.build_assets --task NAME``: rebuild a task's shipped warm-started model.
 
-Runs the supervised warm-start (cropi.demo.warmstart) by the task's recipe, measures the
+Runs the supervised warm-start (cropi.models.warmstart) by the task's recipe, measures the
 model's accuracy (greedy, sampled mean@8, pass@8) on the task's test splits and the pool,
 and writes both into ``cropi/demo/assets/warmstart-<task>/warmstart.json``.
 

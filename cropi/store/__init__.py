@@ -2,7 +2,7 @@
 
 from cropi.store.gradient_table import GradientTable
 from cropi.store.gradient_writer import GradientWriter
-from cropi.store.gradients import GradientSplit, GradientStore
+from cropi.store.gradient_store import GradientSplit, GradientStore
 from cropi.store.sharded import ShardedDataset, ShardWriter
 from cropi.store.trajectories import TRAJECTORY_SCHEMA, PromptTrajectories, TrajectoryStore, TrajectoryWriter
 from cropi.store.types import GRADIENT_STATUSES, CheckpointRef, GradientRecord, gradient_schema

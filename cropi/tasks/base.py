@@ -15,12 +15,12 @@ diagnostics group by it) and its ``answer`` is the ground truth the reward check
 from __future__ import annotations
 
 import importlib
-import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from cropi.data.records import PromptRecord
 from cropi.errors import InvalidInputError
+from cropi.tasks.sampling import TaskSizeError  # noqa: F401 (re-exported with the protocol)
 
 POOL, WARMSTART = "pool", "warmstart"
 # name -> "module:attribute"; imported only when asked for
@@ -28,10 +28,6 @@ BUILTIN = {"lists": "cropi.tasks.lists:TASK", "skills": "cropi.tasks.skills:TASK
 DEFAULT_TASK = "lists"
 
 Splits = dict[str, list[PromptRecord]]
-
-
-class TaskSizeError(InvalidInputError):
-    """The requested split sizes cannot be met with distinct problems."""
 
 
 class TaskError(InvalidInputError):
@@ -103,37 +99,3 @@ def load_task(spec: str) -> Task:
     if not isinstance(task, Task):
         raise TaskError(f"{spec!r} is a {type(task).__name__}, not a cropi.tasks.Task")
     return task
-
-
-def apportion(n: int, weights: list[float]) -> list[int]:
-    """Split ``n`` into integer counts proportional to ``weights`` (largest remainder, ties by order)."""
-    total = sum(weights)
-    exact = [n * w / total for w in weights]
-    counts = [int(x) for x in exact]
-    by_remainder = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
-    for i in by_remainder[:n - sum(counts)]:
-        counts[i] += 1
-    return counts
-
-
-def draw_cells(rng: random.Random, cells: list[tuple[str, int]], counts: list[int], seen: set[str],
-               fresh: Callable[[random.Random, str, int], tuple[str, PromptRecord]], *, tries: int = 2000
-               ) -> list[PromptRecord]:
-    """``counts[i]`` problems of each (skill, level) cell, none whose key is in ``seen`` (which grows).
-
-    ``fresh(rng, skill, level)`` draws one problem: (its key, usually the question, and its record).
-    """
-    records = []
-    for (skill, level), count in zip(cells, counts):
-        for _ in range(count):
-            for _ in range(tries):
-                key, record = fresh(rng, skill, level)
-                if key not in seen:
-                    seen.add(key)
-                    records.append(record)
-                    break
-            else:
-                raise TaskSizeError(f"cannot draw another distinct {skill} problem of level {level} "
-                                    f"({len(seen)} drawn so far); ask for smaller splits")
-    rng.shuffle(records)
-    return records

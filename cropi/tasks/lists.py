@@ -28,13 +28,15 @@ from typing import Callable, Mapping
 
 from cropi.data.records import PromptRecord, stable_prompt_id
 from cropi.errors import InvalidInputError
-from cropi.tasks.base import POOL, WARMSTART, Task, apportion, draw_cells
+from cropi.tasks.base import POOL, WARMSTART, Task
+from cropi.tasks.sampling import draw_split
 
 SKILLS = ("max", "min", "after", "before", "above", "nth")
 LEVELS = (1, 2, 3)
 SOURCE_PREFIX = "lists/"
 # Chosen from the warm start and full-pool training (docs/demo.md, benchmarks/results/demo/task_probe.json).
 TARGETS = {"max": ("val_max", "test_max"), "nth": ("val_nth", "test_nth")}
+_TRIES = 2000  # draws per problem before a cell counts as exhausted
 _ORDINALS = ("First", "Second", "Third", "Fourth", "Fifth")
 
 
@@ -120,11 +122,7 @@ def make_splits(seed: int, sizes: Mapping[str, int]) -> dict[str, list[PromptRec
 
 
 def _draw(split: str, n: int, seed: int, seen: set[str]) -> list[PromptRecord]:
-    rng = random.Random(f"cropi.lists:{seed}:{split}")
-    mix = mixture(split)
-    cells = [(skill, level) for skill in mix for level in LEVELS]
-    counts = apportion(n, [mix[skill] / len(LEVELS) for skill, _ in cells])
-    return draw_cells(rng, cells, counts, seen, _fresh)
+    return draw_split(random.Random(f"cropi.lists:{seed}:{split}"), mixture(split), LEVELS, n, seen, _fresh, _TRIES)
 
 
 def _fresh(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecord]:

@@ -31,12 +31,14 @@ from typing import Callable
 
 from cropi.data.records import PromptRecord, stable_prompt_id
 from cropi.errors import InvalidInputError
-from cropi.tasks.base import Task, TaskSizeError, apportion, draw_cells
+from cropi.tasks.base import Task
+from cropi.tasks.sampling import TaskSizeError, draw_split  # noqa: F401 (TaskSizeError re-exported)
 
 SKILLS = ("count", "maxd", "mind", "pos", "mod", "lastmul")
 LEVELS = (1, 2, 3)
 TARGETS = {"count": ("val_count", "test_count"), "maxd": ("val_maxd", "test_maxd")}
 SOURCE_PREFIX = "skills/"  # data_source of a record: skills/<skill>
+_TRIES = 2000  # draws per problem before a cell counts as exhausted
 _ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
 
 
@@ -138,13 +140,10 @@ def make_splits(seed: int, sizes: dict[str, int]) -> dict[str, list[PromptRecord
 
 def _draw(split: str, n: int, seed: int, seen: set[str]) -> list[PromptRecord]:
     rng = random.Random(f"cropi.skills:{seed}:{split}")
-    mix = mixture(split)
-    cells = [(skill, level) for skill in mix for level in LEVELS]
-    counts = apportion(n, [mix[skill] / len(LEVELS) for skill, _ in cells])
-    return draw_cells(rng, cells, counts, seen, _fresh)
+    return draw_split(rng, mixture(split), LEVELS, n, seen, _problem, _TRIES)
 
 
-def _fresh(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecord]:
+def _problem(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecord]:
     question, answer = GENERATORS[skill](rng, level)
     return question, make_record(skill, level, question, answer)
 

@@ -1,0 +1,87 @@
+"""The gradients job: POPI gradients of one split at one checkpoint into the store.
+
+Resumable (prompts already committed are skipped) and shardable (``shard=(i, n)``
+takes the prompts whose id hashes to i, so n workers can share one store).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from cropi.contracts import NAME_PATTERN, VectorDtype
+from cropi.gradients import GradientComputer, LossOptions
+from cropi.models.loading import load_causal_lm, load_tokenizer
+from cropi.pipeline.checks import check_tokenizer_matches, check_token_ids_fit
+from cropi.pipeline.progress import Progress, report
+from cropi.pipeline.sharding import in_shard, parse_shard, writer_id
+from cropi.projection import ProjectionSpec, make_projector
+from cropi.store import CheckpointRef, GradientStore, TrajectoryStore
+from cropi.utils.fingerprint import model_fingerprint
+from cropi.utils.hashing import SPACED, short_hash
+from cropi.utils.device import resolve_device
+
+
+class GradientJob(BaseModel):
+    """Everything the gradients job needs; the CLI, Ray and the service all build one."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    model: str = Field(min_length=1, description="checkpoint to score (Hugging Face folder)")
+    trajectories: str = Field(min_length=1, description="trajectory store made by `cropi collect`")
+    store: str = Field(min_length=1, description="gradient store directory or pyarrow URI")
+    split: str = Field(pattern=NAME_PATTERN, description="name of this prompt set in the store (pool, gsm8k, ...)")
+    name: Optional[str] = Field(None, pattern=NAME_PATTERN, description="checkpoint name; default: model folder name")
+    projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
+    loss: LossOptions = LossOptions()
+    shard: tuple[int, int] = Field((0, 1), description="(i, n): this worker's share of the prompts")
+    gradient_dtype: VectorDtype = Field("float16", description="stored vector dtype",
+                                                   validation_alias=AliasChoices("gradient_dtype", "dtype"))
+    device: str = Field("auto", description="torch device ('auto': cuda when present)")
+    rows_per_shard: int = Field(64, gt=0, description="prompts per committed shard")
+
+    @property
+    def checkpoint_name(self) -> str:
+        return self.name or Path(self.model).resolve().name
+
+
+def open_split(job: GradientJob, projector, trajectories: TrajectoryStore, fingerprint: str):
+    spec = job.projection.model_dump() | {"spec_id": job.projection.spec_id}
+    extra = {"loss": job.loss.model_dump(), "trajectories": _identity_hash(trajectories.identity),
+             "n_kept": projector.n_kept, "n_coords": projector.n_coords}
+    return GradientStore(job.store).split(CheckpointRef(name=job.checkpoint_name, fingerprint=fingerprint),
+                                          spec, job.split, dim=projector.out_dim, dtype=job.gradient_dtype, extra=extra)
+
+
+def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dict:
+    """Run (or resume) the job; returns counts by status of what this call computed."""
+    progress = report(progress)
+    shard = parse_shard(job.shard)
+    trajectories = TrajectoryStore.open(job.trajectories)
+    check_tokenizer_matches(trajectories.identity, load_tokenizer(job.model), job.model)
+    device = resolve_device(job.device)
+    model = load_causal_lm(job.model, device=device)
+    projector = make_projector(job.projection, {n: tuple(p.shape) for n, p in model.named_parameters()}, device=device)
+    split = open_split(job, projector, trajectories, model_fingerprint(job.model))
+    done = split.committed_prompt_ids()
+    mine = sorted(p for p in trajectories.committed_prompt_ids() if in_shard(p, shard))
+    todo = [p for p in mine if p not in done]
+    computer = GradientComputer(model, projector, job.loss)
+    counts: dict[str, int] = {}
+    stage = f"gradients:{job.split}"
+    progress(stage, len(mine) - len(todo), len(mine))
+    with split.writer(writer_id(shard), rows_per_shard=job.rows_per_shard) as writer:
+        for n, traj in enumerate(trajectories.iter_prompts(todo), start=1):
+            check_token_ids_fit(traj, model.config.vocab_size)
+            res = computer.compute(traj)
+            writer.write(res)
+            counts[res.status] = counts.get(res.status, 0) + 1
+            progress(stage, len(mine) - len(todo) + n, len(mine))
+    return {"split": job.split, "checkpoint": job.checkpoint_name, "spec_id": job.projection.spec_id,
+            "computed": counts, "skipped": len(mine) - len(todo), "total": len(mine)}
+
+
+def _identity_hash(identity: dict) -> str:
+    return short_hash(identity, separators=SPACED)  # spaced: the hash already in stores' identities

@@ -1,0 +1,180 @@
+"""ASGI middleware: request log and metrics, bearer-token auth, request body size limit, the hot reads."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+from fastapi.dependencies.utils import request_params_to_args
+from fastapi.routing import APIRoute
+from starlette.datastructures import Headers, QueryParams
+from starlette.routing import Match
+
+from ..base.errors import BodyTooLargeError, UnauthorizedError
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+Scope = dict
+Receive = Callable[[], Awaitable[dict]]
+Send = Callable[[dict], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OPEN_PATHS = frozenset({"/healthz"})
+
+
+async def send_error(send: Send, status: int, code: str, message: str, headers: list | None = None) -> None:
+    """Answer with the service's JSON error shape, from below the FastAPI app."""
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class AccessLog:
+    """Times every request, logs it as one JSON line and feeds the latency histogram by route."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            elapsed = time.perf_counter() - start
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            self.metrics.observe(scope["method"], route, status, elapsed)
+            log.info("request", extra={"method": scope["method"], "route": route, "path": scope["path"],
+                                       "status": status, "ms": round(elapsed * 1000, 2)})
+
+
+class BearerAuth:
+    """With a token configured, every path but the health check needs ``Authorization: Bearer <token>``."""
+
+    def __init__(self, app: ASGIApp, token: str | None):
+        self.app = app
+        self.token = token.encode() if token else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.token is None or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, given = header.partition(b" ")
+        # compare_digest takes time independent of where the strings differ
+        if scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token):
+            return await self.app(scope, receive, send)
+        err = UnauthorizedError("missing or wrong token: send the header 'Authorization: Bearer <token>' "
+                                "with the token the service was started with")
+        await send_error(send, err.http_status, err.code, str(err), [(b"www-authenticate", b"Bearer")])
+
+
+class BodyLimit:
+    """Refuses bodies over ``limit`` bytes with 413, whether or not they declare a Content-Length.
+
+    The body is read here (at most ``limit`` bytes are ever held) and replayed to the app.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                return await self._refuse(send)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: wait for http.disconnect as usual
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Send) -> None:
+        err = BodyTooLargeError(f"the request body is larger than {self.limit} bytes: send fewer items per "
+                                "request (for example split a gradients batch)")
+        await send_error(send, err.http_status, err.code, str(err), [(b"connection", b"close")])
+
+
+class HotPaths:
+    """Answers the hot reads (a ranking page, a single gradient lookup) straight from the service's
+    memory when everything they need is loaded and fresh.
+
+    Each is taken under its route's own contract: the router's path pattern matches, FastAPI's
+    parameter validation checks the route's declared path, query and header parameters, and the
+    route's reader (``routes.HOT_READS``) makes the body with ``peek=True``, which raises at the first
+    step that would read the database or the disk. Then, and for any invalid request or any error,
+    the full FastAPI route answers, validating, loading and reporting as before. What is skipped is
+    FastAPI's request machinery (dependency solving, the threadpool hop), which costs more than the
+    read itself. The route object is put in the scope as the router does, so logs and metrics name it.
+    """
+
+    def __init__(self, app: ASGIApp, service: Any, routes: list, readers: dict[str, Callable[..., tuple[bytes, str]]],
+                 enabled: bool = True):
+        self.app, self.service, self.enabled = app, service, enabled
+        self.hot = [(r, readers[r.name]) for r in routes if isinstance(r, APIRoute) and r.name in readers]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.enabled and scope["type"] == "http" and scope["method"] == "GET" and not scope.get("root_path"):
+            try:
+                hit = self._answer(scope)
+            except Exception:  # noqa: BLE001 - the full route answers (and reports) whatever went wrong
+                hit = None
+            if hit is not None:
+                route, (body, media_type) = hit
+                scope["route"] = route
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [(b"content-length", str(len(body)).encode()),
+                                        (b"content-type", media_type.encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+    def _answer(self, scope: Scope) -> tuple[APIRoute, tuple[bytes, str]] | None:
+        for route, read in self.hot:
+            match, child = route.matches(scope)
+            if match is not Match.FULL:
+                continue
+            given = ((route.dependant.path_params, child["path_params"]),
+                     (route.dependant.query_params, QueryParams(scope.get("query_string", b""))),
+                     (route.dependant.header_params, Headers(scope=scope)))
+            values: dict[str, Any] = {}
+            for fields, received in given:
+                got, errors = request_params_to_args(fields, received)
+                if errors:
+                    return None
+                values.update(got)
+            return route, read(self.service, **values, peek=True)
+        return None

@@ -1,0 +1,104 @@
+"""Service configuration (pydantic-settings: arguments, or ``CROPI_SERVICE_*`` environment variables)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from cropi.pipeline.requests import store_path
+
+from .errors import ServiceConfigError
+
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+class ServiceSettings(BaseSettings):
+    """Everything the service needs to know at start.
+
+    ``root`` holds the service state (``root/service/``: SQLite job table, worker logs) and the
+    library's store (``root/store``). ``data_roots`` are the only directories callers' paths may
+    point into; they default to ``[root]``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="CROPI_SERVICE_", extra="forbid")
+
+    root: Path
+    data_roots: list[Path] = Field(default_factory=list)
+    token: str | None = Field(default=None, repr=False)
+    max_body_bytes: int = Field(default=1 << 20, gt=0)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    ray_address: str | None = None
+    ray_num_gpus: float = Field(default=0.0, ge=0, description="GPUs each Ray job task asks for")
+    workers: int = Field(default=1, ge=0, description="local worker processes (0: leave jobs to external workers)")
+    runner_name: str = Field(default="service", description="owner name of the jobs this process runs")
+    max_attempts: int = Field(default=3, ge=1, description="starts of one job before it is marked failed")
+    heartbeat_s: float = Field(default=2.0, gt=0)
+    stale_after_s: float = Field(default=30.0, gt=0, description="a running job whose runner was silent this long is requeued")
+    poll_s: float = Field(default=0.2, gt=0)
+    version_ttl_s: float = Field(default=1.0, ge=0, description="how long a stored file's version stamp is "
+                                 "trusted before the file is looked at again (0: every request)")
+    fast_path: bool = Field(default=True, description="answer ranking pages and single gradient lookups whose "
+                            "stored result is already loaded and fresh without the FastAPI request machinery "
+                            "(same bodies; anything else goes through the full route). A read whose version "
+                            "stamp is due for a look (version_ttl_s) takes the full route, so with "
+                            "version_ttl_s=0 none is fast")
+    render_cache_mb: float = Field(default=64.0, ge=0, description="memory for rendered JSON gradient records, "
+                                   "per loaded split (0: render every request)")
+    # Extra or replacement job kinds: kind -> "module:function". For plugins and tests.
+    job_kinds: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("root", mode="after")
+    @classmethod
+    def _absolute_root(cls, v: Path) -> Path:
+        return Path(os.path.realpath(v))
+
+    @field_validator("token", mode="after")
+    @classmethod
+    def _nonempty_token(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("the token is empty: put a long random string in the token file")
+        return v.strip() if v is not None else None
+
+    @model_validator(mode="after")
+    def _default_roots(self) -> "ServiceSettings":
+        roots = self.data_roots or [self.root]
+        self.data_roots = [Path(os.path.realpath(r)) for r in roots]
+        return self
+
+    @property
+    def state_dir(self) -> Path:
+        """Where the service keeps its own files."""
+        return self.root / "service"
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "jobs.sqlite"
+
+    @property
+    def store(self) -> Path:
+        """The library's store under ``root`` (gradients, rankings, curriculum stages)."""
+        return Path(store_path(self.root))
+
+    def check_bind(self) -> None:
+        """Refuse to listen beyond loopback without a token."""
+        if self.token is None and self.host not in LOOPBACK_HOSTS:
+            raise ServiceConfigError(
+                f"refusing to bind {self.host!r} without a token: anyone who can reach the port could "
+                "read your data and start jobs. Pass --token-file FILE (a long random string), "
+                "or bind 127.0.0.1.")
+
+
+def read_token_file(path: str | os.PathLike) -> str:
+    """The token in ``path`` (surrounding whitespace dropped)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ServiceConfigError(f"cannot read the token file {path}: {e.strerror}; create it "
+                                 "(for example `openssl rand -hex 32 > token`)") from e
+    if not text.strip():
+        raise ServiceConfigError(f"the token file {path} is empty: put a long random string in it")
+    return text.strip()

@@ -1,0 +1,106 @@
+"""In-memory caches: entries valid only for the version token they were loaded with, and bytes by LRU."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Callable, Generic, Hashable, TypeVar
+
+V = TypeVar("V")
+
+
+class NotLoaded(Exception):
+    """A read asked to use only what is in memory (``peek``) met something it would have to load."""
+
+
+class VersionedCache(Generic[V]):
+    """LRU of at most ``size`` entries ``key -> (token, value)``.
+
+    ``get(key, token, load)`` returns the cached value when it was loaded under an equal
+    ``token`` (for example a file's mtime and size), else calls ``load()`` once, even when
+    many threads ask at the same moment, and keeps the result.
+    """
+
+    def __init__(self, size: int):
+        if size < 1:
+            raise ValueError("cache size must be at least 1")
+        self.size = size
+        self._entries: OrderedDict[Hashable, tuple[Hashable, V]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._key_locks: dict[Hashable, threading.Lock] = {}
+        self.loads = 0
+
+    def get(self, key: Hashable, token: Hashable, load: Callable[[], V]) -> V:
+        hit = self._lookup(key, token)
+        if hit is not None:
+            return hit[0]
+        with self._key_lock(key):
+            hit = self._lookup(key, token)  # another thread may have loaded it meanwhile
+            if hit is not None:
+                return hit[0]
+            value = load()
+            with self._lock:
+                self.loads += 1
+                self._entries[key] = (token, value)
+                self._entries.move_to_end(key)
+                while len(self._entries) > self.size:
+                    self._entries.popitem(last=False)
+            return value
+
+    def peek(self, key: Hashable, token: Hashable) -> V:
+        """The value cached under ``key`` for an equal ``token``; never loads (NotLoaded instead)."""
+        hit = self._lookup(key, token)
+        if hit is None:
+            raise NotLoaded(key)
+        return hit[0]
+
+    def _lookup(self, key: Hashable, token: Hashable) -> tuple[V] | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry[0] != token:
+                return None
+            self._entries.move_to_end(key)
+            return (entry[1],)
+
+    def _key_lock(self, key: Hashable) -> threading.Lock:
+        with self._lock:
+            return self._key_locks.setdefault(key, threading.Lock())
+
+
+class ByteLRU:
+    """Thread-safe LRU of bytes values holding at most ``max_bytes`` in all (0: holds nothing).
+
+    A value larger than the whole budget is returned by ``put`` but not kept.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max(0, int(max_bytes))
+        self.bytes = 0
+        self._entries: OrderedDict[Hashable, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Hashable) -> bytes | None:
+        if not self.max_bytes:
+            return None
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+            return value
+
+    def put(self, key: Hashable, value: bytes) -> bytes:
+        if len(value) > self.max_bytes:
+            return value
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.bytes -= len(old)
+            self._entries[key] = value
+            self.bytes += len(value)
+            while self.bytes > self.max_bytes:
+                _, dropped = self._entries.popitem(last=False)
+                self.bytes -= len(dropped)
+        return value
