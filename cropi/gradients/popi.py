@@ -5,6 +5,14 @@
     L         = -(1/K) sum_k (1/|y_k|) sum_t rho_{k,t} A_k   (optionally PPO-clipped)
 
 Pure tensor math, no model: the gradient computer feeds it micro-batches.
+
+The "theta" estimator (``theta_coefficients``, ``theta_loss``) centres and scales the
+advantages by the current policy's importance-weighted pass rate and spread instead of
+the behavior group's (METHOD.md, importance-weighted group statistics):
+
+    wbar_k = w_k / sum_j w_j                                 (sequence weights, self-normalised)
+    A_k    = (R_k - p_theta) / (std_theta + 1e-4)
+    L      = -(1/K) sum_k (K wbar_k A_k) (1/|y_k|) sum_t log pi_theta(y_kt)   (wbar_k A_k constants)
 """
 
 from __future__ import annotations
@@ -23,6 +31,53 @@ def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
     if torch.all(centered == 0):
         return torch.zeros_like(rewards)
     return centered / (rewards.std(unbiased=True) + ADV_EPS)
+
+
+def weighted_group_stats(log_weights, rewards) -> tuple[float, float] | None:
+    """(p_theta, std_theta): the self-normalised importance-weighted mean of the rewards and the
+    matching (biased) standard deviation, sqrt(sum w (R - p)^2 / sum w), with the sequence weights
+    given in log space. The normalised weights are exp(lw - logsumexp(lw)), so log weights of
+    +-1000 neither overflow nor vanish. None for no responses or a non-finite log weight.
+    """
+    wbar = normalised_weights(log_weights)
+    if wbar is None:
+        return None
+    r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)
+    if r.shape != wbar.shape:
+        raise ValueError(f"{wbar.numel()} log weights but {r.numel()} rewards")
+    p = (wbar * r).sum()
+    var = (wbar * (r - p) ** 2).sum()
+    return float(p), float(var.clamp(min=0.0).sqrt())
+
+
+def normalised_weights(log_weights) -> torch.Tensor | None:
+    """w_k / sum_j w_j from log weights (float64, sums to 1); None when empty or non-finite."""
+    lw = torch.as_tensor(log_weights, dtype=torch.float64).reshape(-1)
+    if lw.numel() == 0 or not bool(torch.isfinite(lw).all()):
+        return None
+    return torch.softmax(lw, 0)
+
+
+def theta_coefficients(rewards: torch.Tensor, log_weights) -> torch.Tensor:
+    """Per response K wbar_k (R_k - p_theta) / (std_theta + 1e-4): the theta estimator's
+    advantage times its normalised weight (K wbar_k = 1 at theta = beta). Exactly zero when
+    every reward is equal (no signal, as for the group advantages) or a weight is undefined."""
+    r = rewards.to(torch.float64).reshape(-1)
+    wbar = normalised_weights(log_weights)
+    if wbar is None or r.numel() < 2 or bool(torch.all(r == r[0])):
+        return torch.zeros_like(r)
+    p = (wbar * r).sum()
+    std = (wbar * (r - p) ** 2).sum().clamp(min=0.0).sqrt()
+    return r.numel() * wbar * (r - p) / (std + ADV_EPS)
+
+
+def theta_loss(logp: torch.Tensor, mask: torch.Tensor, coefficients: torch.Tensor, n_group: int) -> torch.Tensor:
+    """Micro-batch share of the theta estimator's loss: -(1/K) sum_k c_k (1/|y_k|) sum_t log pi(y_kt),
+    ``coefficients`` c_k from ``theta_coefficients`` (constants: no gradient through the weights)."""
+    mask = mask.to(logp.dtype)
+    lengths = mask.sum(dim=1).clamp(min=1.0)
+    per_response = (logp * mask).sum(dim=1) / lengths
+    return -(coefficients.to(logp.dtype) * per_response).sum() / n_group
 
 
 def popi_loss(
