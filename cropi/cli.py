@@ -111,8 +111,8 @@ def _refresh_args(p):
     add_model_args(p, RefreshJob, rename={"gradients": ["store", "gradients"], "checkpoint": ["name", "checkpoint"]})
 
 
-@command("refresh", "re-collect, at the current checkpoint, the prompts whose ESS/K fell below a threshold "
-         "(within a budget)")(_refresh_args)
+@command("refresh", "re-collect, at the current checkpoint, the prompts whose reused trajectories are least "
+         "trustworthy (ESS/K below a threshold, or status likely to change), within a budget")(_refresh_args)
 def _refresh(a):
     from cropi.pipeline.refresh import RefreshJob, refresh, summary
 

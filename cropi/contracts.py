@@ -23,9 +23,9 @@ NAME_HELP = "1-128 letters, digits, '_', '.' or '-', not starting with '.' or '-
 GRADIENT_STATUSES = ("ok", "zero_advantage", "nonfinite", "truncated")
 GRADIENT_META_COLUMNS = ("raw_norm", "n_responses", "reward_mean", "reward_std", "n_tokens", "status")
 # Nullable; absent from splits written before they existed (read back as NaN / None). Added in
-# groups, in this order (ESS, then the importance-weighted pass rate and std): an older split has
-# a prefix of them.
-GRADIENT_OPTIONAL_COLUMNS = ("ess", "ess_fraction", "p_theta", "std_theta")
+# groups, in this order (ESS; then the importance-weighted pass rate, std and log mean weight):
+# an older split has a prefix of them.
+GRADIENT_OPTIONAL_COLUMNS = ("ess", "ess_fraction", "p_theta", "std_theta", "log_mean_weight")
 VECTOR_DTYPES = ("float16", "float32")
 
 BACKENDS = ("vllm", "hf")

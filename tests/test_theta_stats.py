@@ -11,7 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from cropi.gradients import LossOptions
-from cropi.gradients.popi import theta_coefficients, weighted_group_stats
+from cropi.gradients.popi import mixed_probability, theta_coefficients, weighted_group_stats
 from cropi.projection import ProjectionSpec
 from cropi.store import CheckpointRef, GradientStore
 from cropi.store.sharded import ShardedDataset
@@ -56,6 +56,19 @@ def test_theta_coefficients_hand_values_and_zero_cases():
                                           3 * (3 / 6) * (1 / 3) / s], rel=1e-12)
     assert float(got.sum()) == pytest.approx(0.0, abs=1e-12)  # centred under the weights
     assert theta_coefficients(torch.ones(4), torch.tensor([0.0, 3.0, -2.0, 1.0])).tolist() == [0.0] * 4
+
+
+def test_theta_coefficients_vanish_when_a_fresh_group_would_be_all_equal():
+    rewards = torch.tensor([1.0] * 7 + [0.0])
+    # equal weights: p = 7/8, 1 - p^8 - (1-p)^8 = 0.656 >= 1/2: the group keeps its signal
+    assert torch.any(theta_coefficients(rewards, torch.zeros(8, dtype=torch.float64)) != 0)
+    # the failure down-weighted by e^-3: p = 7 / (7 + e^-3) = 0.9929, 1 - p^8 - (1-p)^8 = 0.055 < 1/2
+    lw = torch.tensor([0.0] * 7 + [-3.0], dtype=torch.float64)
+    p = 7 / (7 + math.exp(-3))
+    assert mixed_probability(p, 8) == pytest.approx(1 - p ** 8 - (1 - p) ** 8) and mixed_probability(p, 8) < 0.5
+    assert theta_coefficients(rewards, lw).tolist() == [0.0] * 8
+    # the boundary: K = 2, p = 1/2 is exactly 1/2 and keeps its signal
+    assert mixed_probability(0.5, 2) == 0.5 and torch.any(theta_coefficients(torch.tensor([1.0, 0.0]), torch.zeros(2)) != 0)
     assert theta_coefficients(torch.tensor([1.0, 0.0]), torch.tensor([0.0, -math.inf])).tolist() == [0.0] * 2
 
 

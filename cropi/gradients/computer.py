@@ -16,8 +16,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cropi.gradients.batching import build_micro_batch, plan_micro_batches
-from cropi.gradients.popi import (effective_sample_size, group_advantages, popi_loss, sequence_log_weights,
-                                  theta_coefficients, theta_loss, weighted_group_stats)
+from cropi.gradients.popi import (effective_sample_size, group_advantages, log_mean_weight, popi_loss,
+                                  sequence_log_weights, theta_coefficients, theta_loss, weighted_group_stats)
 from cropi.store.types import GradientRecord
 
 
@@ -130,12 +130,14 @@ class GradientComputer:
 
     @staticmethod
     def _diagnostics(log_w: torch.Tensor, rewards: torch.Tensor) -> dict:
-        """ESS, ESS/K and the importance-weighted pass rate and std of the group at theta."""
+        """ESS, ESS/K, the importance-weighted pass rate and std of the group at theta, and the log
+        of the mean weight."""
         k = len(log_w)
         ess = effective_sample_size(log_w)
         stats = weighted_group_stats(log_w, rewards) if k else None
         return {"ess": ess, "ess_fraction": None if ess is None or k == 0 else ess / k,
-                "p_theta": None if stats is None else stats[0], "std_theta": None if stats is None else stats[1]}
+                "p_theta": None if stats is None else stats[0], "std_theta": None if stats is None else stats[1],
+                "log_mean_weight": log_mean_weight(log_w)}
 
     def _token_logprobs(self, mb) -> torch.Tensor:
         keep = mb.targets.shape[1] + 1

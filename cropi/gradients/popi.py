@@ -13,6 +13,12 @@ the behavior group's (METHOD.md, importance-weighted group statistics):
     wbar_k = w_k / sum_j w_j                                 (sequence weights, self-normalised)
     A_k    = (R_k - p_theta) / (std_theta + 1e-4)
     L      = -(1/K) sum_k (K wbar_k A_k) (1/|y_k|) sum_t log pi_theta(y_kt)   (wbar_k A_k constants)
+
+and, as POPI's advantages are zero when the group's rewards are all equal, its advantages are
+zero when a fresh group of K at theta would more likely than not have all-equal rewards:
+mixed_probability(p_theta, K) = 1 - p^K - (1-p)^K < 1/2. A mixed group sampled at theta itself
+(w all equal) has p in [1/K, 1 - 1/K], where that probability is >= 1/2: at theta = beta the
+estimator is POPI's up to the std convention (biased here, unbiased there).
 """
 
 from __future__ import annotations
@@ -50,6 +56,17 @@ def weighted_group_stats(log_weights, rewards) -> tuple[float, float] | None:
     return float(p), float(var.clamp(min=0.0).sqrt())
 
 
+def log_mean_weight(log_weights) -> float | None:
+    """log((1/K) sum_k w_k), from log weights (logsumexp, overflow-safe): the ordinary importance-
+    sampling estimate of the probability theta gives the responses beta's sample stands for; 0 at
+    theta = beta. Unlike p_theta it moves for a group whose rewards are all equal (theta taking mass
+    off failures it no longer makes). None for no responses or a non-finite log weight."""
+    lw = torch.as_tensor(log_weights, dtype=torch.float64).reshape(-1)
+    if lw.numel() == 0 or not bool(torch.isfinite(lw).all()):
+        return None
+    return float(torch.logsumexp(lw, 0) - torch.log(torch.tensor(float(lw.numel()), dtype=torch.float64)))
+
+
 def normalised_weights(log_weights) -> torch.Tensor | None:
     """w_k / sum_j w_j from log weights (float64, sums to 1); None when empty or non-finite."""
     lw = torch.as_tensor(log_weights, dtype=torch.float64).reshape(-1)
@@ -58,15 +75,24 @@ def normalised_weights(log_weights) -> torch.Tensor | None:
     return torch.softmax(lw, 0)
 
 
+def mixed_probability(p: float, k: int) -> float:
+    """Probability that k Bernoulli(p) rewards are not all equal: 1 - p^k - (1-p)^k (p clipped to [0, 1])."""
+    p = min(max(p, 0.0), 1.0)
+    return 1.0 - p ** k - (1.0 - p) ** k
+
+
 def theta_coefficients(rewards: torch.Tensor, log_weights) -> torch.Tensor:
     """Per response K wbar_k (R_k - p_theta) / (std_theta + 1e-4): the theta estimator's
     advantage times its normalised weight (K wbar_k = 1 at theta = beta). Exactly zero when
-    every reward is equal (no signal, as for the group advantages) or a weight is undefined."""
+    every reward is equal, when a weight is undefined, or when a fresh group of K at theta
+    would more likely than not be all-equal (``mixed_probability`` < 1/2): no signal at theta."""
     r = rewards.to(torch.float64).reshape(-1)
     wbar = normalised_weights(log_weights)
     if wbar is None or r.numel() < 2 or bool(torch.all(r == r[0])):
         return torch.zeros_like(r)
     p = (wbar * r).sum()
+    if mixed_probability(float(p), r.numel()) < 0.5:
+        return torch.zeros_like(r)
     std = (wbar * (r - p) ** 2).sum().clamp(min=0.0).sqrt()
     return r.numel() * wbar * (r - p) / (std + ADV_EPS)
 

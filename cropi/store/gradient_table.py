@@ -76,6 +76,11 @@ class GradientTable:
         return self.columns.get("std_theta")
 
     @property
+    def log_mean_weight(self) -> np.ndarray | None:
+        """log of the mean sequence weight per row (NaN where unknown); None for a split stored without it."""
+        return self.columns.get("log_mean_weight")
+
+    @property
     def spec_id(self) -> str:
         return self.spec.get("spec_id", "")
 

@@ -37,7 +37,7 @@ class GradientWriter:
     def append(self, prompt_id: str, vector: np.ndarray, raw_norm: float, n_responses: int,
                reward_mean: float, reward_std: float, n_tokens: int, status: str,
                ess: float | None = None, ess_fraction: float | None = None, p_theta: float | None = None,
-               std_theta: float | None = None) -> None:
+               std_theta: float | None = None, log_mean_weight: float | None = None) -> None:
         """``write`` with the record's fields as arguments."""
         if self._closed:
             raise InvalidInputError("this gradient writer is closed; open a new one with split.writer(...)")
@@ -53,7 +53,8 @@ class GradientWriter:
                            "reward_mean": float(reward_mean), "reward_std": float(reward_std),
                            "n_tokens": _count(n_tokens, "n_tokens"), "status": status,
                            "ess": _optional_float(ess), "ess_fraction": _optional_float(ess_fraction),
-                           "p_theta": _optional_float(p_theta), "std_theta": _optional_float(std_theta)})
+                           "p_theta": _optional_float(p_theta), "std_theta": _optional_float(std_theta),
+                           "log_mean_weight": _optional_float(log_mean_weight)})
         if len(self._rows) >= self.rows_per_shard:
             self.flush()
 

@@ -51,6 +51,8 @@ class GradientRecord:
     # group statistics): the plain mean and biased std at theta = beta; None when not computed.
     p_theta: float | None = None
     std_theta: float | None = None
+    # log (1/K) sum_k w_k: 0 at theta = beta; moves for all-equal groups too (refresh uses it)
+    log_mean_weight: float | None = None
 
 
 def gradient_schema(dim: int, dtype: str = "float16") -> pa.Schema:
@@ -74,7 +76,7 @@ def gradient_schema(dim: int, dtype: str = "float16") -> pa.Schema:
 
 def legacy_schema(schema: pa.Schema, keep: int = 0) -> pa.Schema:
     """The schema splits had with only the first ``keep`` optional columns (0: before the ESS
-    columns; 2: before p_theta and std_theta): such splits still open, read and resume."""
+    columns; 2: before p_theta, std_theta and log_mean_weight): such splits still open, read and resume."""
     for name in GRADIENT_OPTIONAL_COLUMNS[keep:]:
         schema = schema.remove(schema.get_field_index(name))
     return schema
