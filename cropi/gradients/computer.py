@@ -34,6 +34,14 @@ class LossOptions(BaseModel):
         "'theta': advantages from the importance-weighted pass rate and std at the current checkpoint, "
         "self-normalised sequence weights (popi.py)")
 
+    def recorded(self) -> dict:
+        """The options as manifests, setup hashes and resume keys record them: the estimator only
+        when it is not CROPI's default, so what was stored before the choice existed still matches."""
+        doc = self.model_dump()
+        if self.advantage == type(self).model_fields["advantage"].default:
+            doc.pop("advantage")
+        return doc
+
     @model_validator(mode="after")
     def _clip_needs_token_ratios(self) -> "LossOptions":
         if self.clip_eps is not None and self.advantage == "theta":

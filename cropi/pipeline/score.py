@@ -217,6 +217,6 @@ def checkpoint_name(request: ScoreRequest, trajectories: dict[str, str]) -> str:
     The same checkpoint scored over the same trajectories with the same loss and dtype gets
     the same name, so its gradients are computed once for every caller under the root.
     """
-    setup = short_hash({"trajectories": sorted(trajectories.items()), "loss": request.loss.model_dump(),
+    setup = short_hash({"trajectories": sorted(trajectories.items()), "loss": request.loss.recorded(),
                         "dtype": request.gradient_dtype})
     return f"{model_fingerprint(request.model)}-{setup[:8]}"

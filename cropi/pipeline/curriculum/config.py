@@ -118,6 +118,7 @@ class CurriculumConfig(BaseModel):
         no ``collect.reward``), so curricula started before the options were unified resume.
         """
         doc = self.model_dump(mode="json", exclude={"stages"})
+        doc["loss"] = self.loss.recorded()  # CROPI's estimator as before the choice existed
         collect = doc["collect"]
         collect.pop("reward")
         collect["backend_options"] = {k: v for k, v in collect.pop("engine").items() if v is not None}
