@@ -70,8 +70,8 @@ class RefreshJob(BaseModel):
     out: str = Field(min_length=1, description="output folder: plan.json, prompts.jsonl, trajectories/")
     criterion: Literal["ess", "status"] = Field("ess", description="'ess': ESS/K below --below; 'status': the "
                                                 "probability that a fresh group's status differs above --above")
-    below: Optional[float] = Field(None, gt=0, le=1, description="criterion 'ess': refresh prompts whose ESS/K "
-                                   "is below this (required)")
+    below: Optional[float] = Field(None, gt=0, le=1, description="criterion 'ess' (needs it): refresh prompts "
+                                   "whose ESS/K is below this")
     above: float = Field(0.5, ge=0, lt=1, description="criterion 'status': refresh prompts whose status-change "
                          "probability is above this")
     budget: float = Field(gt=0, le=1, description="at most this fraction of the split's prompts")
