@@ -84,12 +84,15 @@ def mixed_probability(p: float, k: int) -> float:
 def theta_coefficients(rewards: torch.Tensor, log_weights) -> torch.Tensor:
     """Per response K wbar_k (R_k - p_theta) / (std_theta + 1e-4): the theta estimator's
     advantage times its normalised weight (K wbar_k = 1 at theta = beta). Exactly zero when
-    every reward is equal, when a weight is undefined, or when a fresh group of K at theta
-    would more likely than not be all-equal (``mixed_probability`` < 1/2): no signal at theta."""
+    every reward is equal or when a fresh group of K at theta would more likely than not be
+    all-equal (``mixed_probability`` < 1/2): no signal at theta. NaN when a weight is undefined
+    (the gradient is then reported non-finite, as POPI's would be)."""
     r = rewards.to(torch.float64).reshape(-1)
-    wbar = normalised_weights(log_weights)
-    if wbar is None or r.numel() < 2 or bool(torch.all(r == r[0])):
+    if r.numel() < 2 or bool(torch.all(r == r[0])):
         return torch.zeros_like(r)
+    wbar = normalised_weights(log_weights)
+    if wbar is None:
+        return torch.full_like(r, float("nan"))
     p = (wbar * r).sum()
     if mixed_probability(float(p), r.numel()) < 0.5:
         return torch.zeros_like(r)
