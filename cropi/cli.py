@@ -111,8 +111,8 @@ def _refresh_args(p):
     add_model_args(p, RefreshJob, rename={"gradients": ["store", "gradients"], "checkpoint": ["name", "checkpoint"]})
 
 
-@command("refresh", "re-collect, at the current checkpoint, the prompts whose ESS/K fell below a threshold "
-         "(within a budget)")(_refresh_args)
+@command("refresh", "re-collect, at the current checkpoint, the prompts whose reused trajectories are least "
+         "trustworthy (ESS/K below a threshold, or status likely to change), within a budget")(_refresh_args)
 def _refresh(a):
     from cropi.pipeline.refresh import RefreshJob, refresh, summary
 
@@ -159,7 +159,9 @@ def _score(a):
 def _format_ranking(res, limit: int) -> str:
     rows = res.rows(limit)
     score_cols = [c for c in res.table.column_names if c.startswith(SCORE_PREFIX)]
-    head = ["rank", "prompt_id", "fused", *score_cols, SELECTED, *(["ess_fraction"] if res.ess else [])]
+    # the pool's off-policy diagnostics the split was stored with (ESS/K, the weighted pass rate and std)
+    diagnostics = [c for c in ("ess_fraction", "p_theta", "std_theta") if c in (res.ess or {})]
+    head = ["rank", "prompt_id", "fused", *score_cols, SELECTED, *diagnostics]
     lines = ["\t".join(head)]
     for r in rows:
         lines.append("\t".join(str(r["rank"]) if c == "rank" else (f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])) for c in head))

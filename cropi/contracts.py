@@ -24,8 +24,10 @@ NAME_HELP = f"1-{NAME_MAX} letters, digits, '_', '.' or '-', not starting with '
 # One projected-gradient row: the vector plus these metadata columns.
 GRADIENT_STATUSES = ("ok", "zero_advantage", "nonfinite", "truncated")
 GRADIENT_META_COLUMNS = ("raw_norm", "n_responses", "reward_mean", "reward_std", "n_tokens", "status")
-# Nullable; absent from splits written before they existed (read back as NaN / None).
-GRADIENT_OPTIONAL_COLUMNS = ("ess", "ess_fraction")
+# Nullable; absent from splits written before they existed (read back as NaN / None). Added in
+# groups, in this order (ESS; then the importance-weighted pass rate, std and log mean weight):
+# an older split has a prefix of them.
+GRADIENT_OPTIONAL_COLUMNS = ("ess", "ess_fraction", "p_theta", "std_theta", "log_mean_weight")
 VectorDtype = Literal["float16", "float32"]
 VECTOR_DTYPES = get_args(VectorDtype)
 

@@ -9,14 +9,15 @@ the parameters the projection spec covers get gradients, which saves work.
 from __future__ import annotations
 
 import math
-from typing import Protocol, Sequence
+from typing import Literal, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from cropi.gradients.options import LossOptions
 from cropi.gradients.batching import build_micro_batch, plan_micro_batches
-from cropi.gradients.popi import effective_sample_size, group_advantages, popi_loss, sequence_log_weights
+from cropi.gradients.popi import (effective_sample_size, group_advantages, log_mean_weight, popi_loss,
+                                  sequence_log_weights, theta_coefficients, theta_loss, weighted_group_stats)
 from cropi.store.types import GradientRecord
 
 
@@ -53,15 +54,15 @@ class GradientComputer:
         base = dict(prompt_id=traj.prompt_id, n_responses=len(responses), n_tokens=n_tokens,
                     reward_mean=float(rewards.mean()) if len(rewards) else 0.0,
                     reward_std=float(rewards.std()) if len(rewards) > 1 else 0.0)
-        adv = group_advantages(rewards)
         if truncated == "prompt":
             return GradientRecord(vector=self._zeros(), raw_norm=0.0, status="truncated", **base)
+        adv = self._advantages(prompt, responses, behavior, rewards)
         if not torch.any(adv != 0):
-            # No gradient, but the ESS still says whether theta has moved away from these samples.
+            # No gradient, but the diagnostics still say whether theta has moved away from these samples.
             with torch.no_grad():
-                base |= self._ess(self._backward(prompt, responses, behavior, None), len(responses))
+                base |= self._diagnostics(self._backward(prompt, responses, behavior, None), rewards)
             return GradientRecord(vector=self._zeros(), raw_norm=0.0, status="zero_advantage", **base)
-        base |= self._ess(self._backward(prompt, responses, behavior, adv), len(responses))
+        base |= self._diagnostics(self._backward(prompt, responses, behavior, adv), rewards)
         grads = [(n, _grad_of(p)[None]) for n, p in self.params]
         raw_norm = math.sqrt(sum(float(g.double().pow(2).sum()) for _, g in grads))
         if not math.isfinite(raw_norm):
@@ -69,6 +70,16 @@ class GradientComputer:
         vector = self.projector.project(grads)[0].float().cpu().numpy()
         status = "truncated" if truncated else "ok"
         return GradientRecord(vector=vector, raw_norm=raw_norm, status=status, **base)
+
+    def _advantages(self, prompt, responses, behavior, rewards: torch.Tensor) -> torch.Tensor:
+        """Per-response advantages ``_loss`` takes: the behavior group's (CROPI), or the theta
+        estimator's coefficients, whose weights need a forward pass at theta first."""
+        adv = group_advantages(rewards)
+        if self.options.advantage == "behavior" or not torch.any(adv != 0):
+            return adv
+        with torch.no_grad():
+            log_w = self._backward(prompt, responses, behavior, None)
+        return theta_coefficients(rewards, log_w)
 
     def _backward(self, prompt, responses, behavior, adv: torch.Tensor | None) -> torch.Tensor:
         """One pass over the group: backward of the POPI loss when ``adv`` is given (the
@@ -87,13 +98,22 @@ class GradientComputer:
         return log_w
 
     def _loss(self, logp, behavior_logp, mask, adv, n_group: int) -> torch.Tensor:
-        """The micro-batch's share of the group's loss: POPI's (an estimator variant overrides this)."""
+        """The micro-batch's share of the group's loss: POPI's, or the theta estimator's (its
+        ``adv`` are ``theta_coefficients``); an estimator variant overrides this."""
+        if self.options.advantage == "theta":
+            return theta_loss(logp, mask, adv, n_group=n_group)
         return popi_loss(logp, behavior_logp, mask, adv, n_group=n_group, clip_eps=self.options.clip_eps)
 
     @staticmethod
-    def _ess(log_w: torch.Tensor, k: int) -> dict:
+    def _diagnostics(log_w: torch.Tensor, rewards: torch.Tensor) -> dict:
+        """ESS, ESS/K, the importance-weighted pass rate and std of the group at theta, and the log
+        of the mean weight."""
+        k = len(log_w)
         ess = effective_sample_size(log_w)
-        return {"ess": ess, "ess_fraction": None if ess is None or k == 0 else ess / k}
+        stats = weighted_group_stats(log_w, rewards) if k else None
+        return {"ess": ess, "ess_fraction": None if ess is None or k == 0 else ess / k,
+                "p_theta": None if stats is None else stats[0], "std_theta": None if stats is None else stats[1],
+                "log_mean_weight": log_mean_weight(log_w)}
 
     def _token_logprobs(self, mb) -> torch.Tensor:
         keep = mb.targets.shape[1] + 1

@@ -49,7 +49,7 @@ class GradientJob(BaseModel):
 
 def open_split(job: GradientJob, projector, trajectories: TrajectoryStore, fingerprint: str):
     spec = job.projection.model_dump() | {"spec_id": job.projection.spec_id}
-    extra = {"loss": job.loss.model_dump(), "trajectories": _identity_hash(trajectories.identity),
+    extra = {"loss": job.loss.recorded(), "trajectories": _identity_hash(trajectories.identity),
              "n_kept": projector.n_kept, "n_coords": projector.n_coords}
     return GradientStore(job.store).split(CheckpointRef(name=job.checkpoint_name, fingerprint=fingerprint),
                                           spec, job.split, dim=projector.out_dim, dtype=job.gradient_dtype, extra=extra)

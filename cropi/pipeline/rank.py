@@ -66,8 +66,9 @@ class RankingResult:
     ranking: Ranking
     table: pa.Table
     meta: dict
-    # per-prompt ESS columns of the pool split ({column: {prompt_id: value}}), when its gradients
-    # were stored with them; not part of the persisted ranking (None for a loaded one)
+    # per-prompt optional columns of the pool split (ESS, ESS/K, p_theta, std_theta:
+    # {column: {prompt_id: value}}), those its gradients were stored with; not part of the
+    # persisted ranking (None for a loaded one)
     ess: Optional[dict] = None
 
     @property
@@ -75,8 +76,8 @@ class RankingResult:
         return self.ranking.excluded
 
     def rows(self, limit: int | None = None) -> list[dict]:
-        """The ranking's rows (the first ``limit``), each with the pool's ``ess`` and ``ess_fraction``
-        (None where unknown) when its gradients were stored with them."""
+        """The ranking's rows (the first ``limit``), each with the pool's optional columns (``ess``,
+        ``ess_fraction``, ``p_theta``, ``std_theta``; None where unknown) its gradients were stored with."""
         rows = (self.table if limit is None else self.table.slice(0, limit)).to_pylist()
         for col, by_id in (self.ess or {}).items():
             for r in rows:

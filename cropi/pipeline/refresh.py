@@ -1,13 +1,27 @@
 """Refresh: re-collect, at the current checkpoint, the trajectories of the prompts whose reused
-ones no longer represent the policy (low effective sample size), within a budget.
+ones no longer represent the policy, within a budget. Two criteria, from the per-prompt
+diagnostics stored with the gradients the checkpoint was scored with:
 
-The ESS/K of every prompt comes from the gradients the checkpoint was scored with
-(the store's ``ess_fraction`` column). The prompts below the threshold are taken
-lowest first, at most ``budget`` of the split; the choice is frozen in
-``<out>/plan.json`` the first time, so a killed refresh resumes the same prompts
-(the collection itself skips what it already committed). Layout of ``out``::
+- ``ess``: ESS/K below a threshold, lowest first (the weights have degenerated).
+- ``status``: the probability that a group of K sampled afresh at the checkpoint would differ
+  from the reused group in whether it carries signal (mixed rewards) is above a threshold,
+  highest first. The reused group decides whether a prompt is ranked at all (all-equal
+  rewards give a zero gradient), and that is what drifts as the policy trains: prompts the
+  policy now always solves keep a full gradient from the behavior's mixed rewards, and
+  prompts the behavior never solved stay unranked after the policy learns them. With
+  m_K(p) = 1 - p^K - (1-p)^K the probability that K Bernoulli(p) rewards are mixed:
 
-    plan.json        checkpoint, threshold, budget, the chosen prompts and their ESS/K
+      reused group mixed:      1 - m_K(p_theta)     (p_theta: self-normalised weighted pass rate)
+      reused group all failed: m_K(1 - mean w)      (1 - mean w: the probability mass theta took
+      reused group all passed: m_K(mean w)           off the observed failures / kept on the passes)
+
+  The self-normalised p_theta cannot leave 0 or 1 for an all-equal group whatever the weights,
+  hence the ordinary importance-sampling mass (1/K) sum_k w_k there (stored as its log).
+
+The choice is frozen in ``<out>/plan.json`` the first time, so a killed refresh resumes the same
+prompts (the collection itself skips what it already committed). Layout of ``out``::
+
+    plan.json        checkpoint, criterion, threshold, budget, the chosen prompts and their values
     prompts.jsonl    the chosen prompt records
     trajectories/    a trajectory store sampled at the checkpoint (the collect job's)
 
@@ -19,15 +33,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cropi.contracts import NAME_PATTERN, POOL, Backend
 from cropi.data import load_prompts, write_jsonl
 from cropi.errors import InvalidInputError, MismatchError
 from cropi.generation import EngineOptions, SamplingConfig
+from cropi.gradients.popi import mixed_probability
 from cropi.pipeline.collect import CollectJob, collect
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.rank import find_spec_id
@@ -52,13 +67,53 @@ class RefreshJob(BaseModel):
     spec_id: Optional[str] = Field(None, description="projection spec id, when the checkpoint has several")
     split: str = Field(POOL, pattern=NAME_PATTERN, description="the split to refresh")
     out: str = Field(min_length=1, description="output folder: plan.json, prompts.jsonl, trajectories/")
-    below: float = Field(gt=0, le=1, description="refresh prompts whose ESS/K is below this")
+    criterion: Literal["ess", "status"] = Field("ess", description="'ess': ESS/K below --below; 'status': the "
+                                                "probability that a fresh group's status differs above --above")
+    below: Optional[float] = Field(None, gt=0, le=1, description="criterion 'ess' (needs it): refresh prompts "
+                                   "whose ESS/K is below this")
+    above: float = Field(0.5, ge=0, lt=1, description="criterion 'status': refresh prompts whose status-change "
+                         "probability is above this")
     budget: float = Field(gt=0, le=1, description="at most this fraction of the split's prompts")
     sampling: SamplingConfig = _COLLECT["sampling"]
     backend: Backend = _COLLECT["backend"]
     reward: str = _COLLECT["reward"]
     batch_prompts: Optional[int] = _COLLECT["batch_prompts"]
     engine: EngineOptions = _COLLECT["engine"]
+
+    @model_validator(mode="after")
+    def _threshold(self) -> "RefreshJob":
+        if self.criterion == "ess" and self.below is None:
+            raise ValueError("criterion 'ess' needs --below (the ESS/K threshold, in (0, 1])")
+        return self
+
+
+def status_change_probability(reward_mean, reward_std, n_responses, p_theta, log_mean_weight) -> np.ndarray:
+    """Per prompt, the probability that a group of its K responses sampled at theta would differ
+    from the reused group in carrying signal (see the module doc); NaN where a value is unknown.
+    Rewards are taken as 0/1: an all-equal group failed when its mean is below 1/2."""
+    mean, std = np.asarray(reward_mean, np.float64), np.asarray(reward_std, np.float64)
+    k, p = np.asarray(n_responses, np.float64), np.asarray(p_theta, np.float64)
+    mass = np.exp(np.asarray(log_mean_weight, np.float64))
+    unseen = np.where(mean < 0.5, 1.0 - mass, mass)  # theta's pass rate on what the group never saw
+    mixed = std > 0
+    out = np.where(mixed, 1.0 - _mixed(p, k), _mixed(unseen, k))
+    return np.where(np.isfinite(p) & np.isfinite(mass) & (k >= 2), out, np.nan)
+
+
+def _mixed(p: np.ndarray, k: np.ndarray) -> np.ndarray:
+    return np.array([mixed_probability(a, int(b)) if np.isfinite(a) and b >= 1 else np.nan
+                     for a, b in zip(p.tolist(), k.tolist())], dtype=np.float64)
+
+
+def select_above(prompt_ids: list[str], values, above: float, budget: float) -> list[str]:
+    """The prompts whose value is above ``above``, highest first (ties by id), at most
+    floor(budget * n). Unknown values (NaN) are never selected."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape != (len(prompt_ids),):
+        raise InvalidInputError(f"{len(prompt_ids)} prompt ids but {values.shape} values")
+    cap = math.floor(budget * len(prompt_ids) + 1e-9)
+    high = [(-v, p) for p, v in zip(prompt_ids, values.tolist()) if v > above]  # NaN > x is False
+    return [p for _, p in sorted(high)[:cap]]
 
 
 def select_for_refresh(prompt_ids: list[str], ess_fraction, below: float, budget: float) -> list[str]:
@@ -98,9 +153,11 @@ def refresh(job: RefreshJob, progress: Progress | None = None, backend=None) -> 
 
 def summary(result: dict) -> dict:
     """What ``cropi refresh`` prints: the plan's settings, how many prompts it chose (and which),
-    and the collect counts (without the plan's per-prompt ESS/K, which is in plan.json)."""
+    and the collect counts (without the plan's per-prompt values, which are in plan.json)."""
     plan = result["plan"]
-    head = {k: plan[k] for k in ("checkpoint", "spec_id", "split", "below", "budget", "pool_size")}
+    keys = ("checkpoint", "spec_id", "split", "criterion", "below", "above", "budget", "pool_size")
+    head = {k: plan.get(k, "ess" if k == "criterion" else None) for k in keys}
+    head.pop("above" if head["criterion"] == "ess" else "below")  # the other criterion's threshold
     counts = {k: v for k, v in result.items() if k != "plan"}
     return head | {"chosen": len(plan["selected"]), "selected": plan["selected"]} | counts
 
@@ -108,6 +165,8 @@ def summary(result: dict) -> dict:
 def _plan(job: RefreshJob, fs, path: str) -> dict:
     want = {"checkpoint": job.checkpoint, "spec_id": job.spec_id, "split": job.split, "model": job.model,
             "below": job.below, "budget": job.budget}
+    if job.criterion != "ess":  # plans of ESS refreshes stay as they were written before the choice
+        want |= {"criterion": job.criterion, "above": job.above}
     try:
         stored = read_json(fs, path)
     except Exception:  # no plan yet (a damaged one is rewritten: nothing was collected without a plan)
@@ -119,12 +178,28 @@ def _plan(job: RefreshJob, fs, path: str) -> dict:
                                 "use another output folder or delete it")
         return stored
     table = GradientStore(job.gradients).open_split(job.checkpoint, job.spec_id, job.split).read(verify=True)
-    if table.ess_fraction is None:
-        raise InvalidInputError(f"the gradients of split {job.split!r} at {job.checkpoint!r} were stored without "
-                                "ESS; recompute them with this cropi to refresh by ESS")
-    selected = select_for_refresh(table.prompt_ids, table.ess_fraction, job.below, job.budget)
+    values = _criterion_values(job, table)
+    if job.criterion == "ess":
+        selected = select_for_refresh(table.prompt_ids, values, job.below, job.budget)
+    else:
+        selected = select_above(table.prompt_ids, values, job.above, job.budget)
     row = {p: i for i, p in enumerate(table.prompt_ids)}
-    plan = want | {"pool_size": len(table), "selected": selected,
-                   "ess_fraction": {p: float(table.ess_fraction[row[p]]) for p in selected}}
+    column = "ess_fraction" if job.criterion == "ess" else "status_change_probability"
+    plan = want | {"pool_size": len(table), "selected": selected, column: {p: float(values[row[p]]) for p in selected}}
     write_json_atomic(fs, path, plan)
     return plan
+
+
+def _criterion_values(job: RefreshJob, table) -> np.ndarray:
+    """The per-prompt value the criterion thresholds; a clear error when the split lacks its columns."""
+    if job.criterion == "ess":
+        if table.ess_fraction is None:
+            raise InvalidInputError(f"the gradients of split {job.split!r} at {job.checkpoint!r} were stored "
+                                    "without ESS; recompute them with this cropi to refresh by ESS")
+        return table.ess_fraction
+    if table.p_theta is None or table.log_mean_weight is None:
+        raise InvalidInputError(f"the gradients of split {job.split!r} at {job.checkpoint!r} were stored without "
+                                "p_theta and log_mean_weight; recompute them with this cropi to refresh by status")
+    c = table.columns
+    return status_change_probability(c["reward_mean"], c["reward_std"], c["n_responses"], table.p_theta,
+                                     table.log_mean_weight)

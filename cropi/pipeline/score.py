@@ -154,7 +154,7 @@ def checkpoint_name(request: ScoreRequest, trajectories: dict[str, str]) -> str:
     The same checkpoint scored over the same trajectories with the same loss and dtype gets
     the same name, so its gradients are computed once for every caller under the root.
     """
-    setup = {"trajectories": sorted(trajectories.items()), "loss": request.loss.model_dump(),
+    setup = {"trajectories": sorted(trajectories.items()), "loss": request.loss.recorded(),
              "dtype": request.gradient_dtype}
     if request.validation_groups != "none":  # its own ranking file, never overwriting the plain one
         setup["validation_groups"] = request.validation_groups

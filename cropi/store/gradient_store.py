@@ -14,7 +14,8 @@ from cropi.errors import InvalidInputError, MismatchError, NotFoundError
 from cropi.store.gradient_table import GradientTable
 from cropi.store.gradient_writer import GradientWriter
 from cropi.store.sharded import ShardedDataset, check_name
-from cropi.store.types import DTYPES, GRADIENT_STATUSES, CheckpointRef, GradientRecord, gradient_schema, legacy_schema
+from cropi.store.types import (DTYPES, GRADIENT_STATUSES, LEGACY_OPTIONAL_COUNTS, CheckpointRef, GradientRecord,
+                               gradient_schema, legacy_schema)
 from cropi.utils.fsio import file_exists, resolve
 
 __all__ = ["DTYPES", "GRADIENT_STATUSES", "CheckpointRef", "GradientRecord", "GradientSplit", "GradientStore",
@@ -47,12 +48,18 @@ class GradientStore:
         try:
             dataset = ShardedDataset(path, identity, "ipc", schema, "prompt_id", filesystem=self.fs)
         except MismatchError as error:
-            try:  # a split created before the ESS columns existed: keep filling it without them
-                dataset = ShardedDataset(path, identity, "ipc", legacy_schema(schema), "prompt_id",
-                                         filesystem=self.fs)
-            except MismatchError:
-                raise error from None
+            # a split created before some optional columns existed: keep filling it without them
+            dataset = self._legacy(path, identity, schema, error)
         return GradientSplit(dataset)
+
+    def _legacy(self, path: str, identity: dict, schema, error: MismatchError) -> ShardedDataset:
+        for keep in LEGACY_OPTIONAL_COUNTS:
+            try:
+                return ShardedDataset(path, identity, "ipc", legacy_schema(schema, keep), "prompt_id",
+                                      filesystem=self.fs)
+            except MismatchError:
+                continue
+        raise error
 
     def open_split(self, checkpoint_name: str, spec_id: str, split: str) -> "GradientSplit":
         """An existing split; NotFoundError listing the splits that do exist."""

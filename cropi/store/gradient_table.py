@@ -64,6 +64,23 @@ class GradientTable:
         return self.columns.get("ess_fraction")
 
     @property
+    def p_theta(self) -> np.ndarray | None:
+        """Importance-weighted pass rate at the checkpoint per row (NaN where unknown); None for a
+        split stored without it."""
+        return self.columns.get("p_theta")
+
+    @property
+    def std_theta(self) -> np.ndarray | None:
+        """Importance-weighted reward std at the checkpoint per row (NaN where unknown); None for a
+        split stored without it."""
+        return self.columns.get("std_theta")
+
+    @property
+    def log_mean_weight(self) -> np.ndarray | None:
+        """log of the mean sequence weight per row (NaN where unknown); None for a split stored without it."""
+        return self.columns.get("log_mean_weight")
+
+    @property
     def spec_id(self) -> str:
         return self.spec.get("spec_id", "")
 

@@ -36,7 +36,8 @@ class GradientWriter:
 
     def append(self, prompt_id: str, vector: np.ndarray, raw_norm: float, n_responses: int,
                reward_mean: float, reward_std: float, n_tokens: int, status: str,
-               ess: float | None = None, ess_fraction: float | None = None) -> None:
+               ess: float | None = None, ess_fraction: float | None = None, p_theta: float | None = None,
+               std_theta: float | None = None, log_mean_weight: float | None = None) -> None:
         """``write`` with the record's fields as arguments."""
         if self._closed:
             raise InvalidInputError("this gradient writer is closed; open a new one with split.writer(...)")
@@ -51,7 +52,9 @@ class GradientWriter:
                            "raw_norm": float(raw_norm), "n_responses": _count(n_responses, "n_responses"),
                            "reward_mean": float(reward_mean), "reward_std": float(reward_std),
                            "n_tokens": _count(n_tokens, "n_tokens"), "status": status,
-                           "ess": _optional_float(ess), "ess_fraction": _optional_float(ess_fraction)})
+                           "ess": _optional_float(ess), "ess_fraction": _optional_float(ess_fraction),
+                           "p_theta": _optional_float(p_theta), "std_theta": _optional_float(std_theta),
+                           "log_mean_weight": _optional_float(log_mean_weight)})
         if len(self._rows) >= self.rows_per_shard:
             self.flush()
 
@@ -74,7 +77,7 @@ class GradientWriter:
             return
         schema = self.dataset.schema
         vectors = np.stack([r["vector"] for r in self._rows]).reshape(-1)
-        # A split created before the ESS columns has no place for them: its schema decides.
+        # A split created before some optional columns has no place for them: its schema decides.
         columns = {f.name: [r[f.name] for r in self._rows] for f in schema if f.name != "vector"}
         arrays = [pa.FixedSizeListArray.from_arrays(pa.array(vectors), self.dim) if f.name == "vector"
                   else pa.array(columns[f.name], type=f.type) for f in schema]

@@ -14,7 +14,8 @@ from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS, GRADIENT_STATUSES, VECTOR
 from cropi.errors import InvalidInputError
 
 DTYPES = VECTOR_DTYPES
-__all__ = ["DTYPES", "GRADIENT_STATUSES", "CheckpointRef", "GradientRecord", "gradient_schema", "legacy_schema"]
+__all__ = ["DTYPES", "GRADIENT_STATUSES", "CheckpointRef", "GradientRecord", "gradient_schema", "legacy_schema",
+           "LEGACY_OPTIONAL_COUNTS"]
 
 
 class CheckpointRef(BaseModel):
@@ -46,6 +47,12 @@ class GradientRecord:
     # and the same over K (docs/architecture.md, "ESS and refresh"); None when not computed.
     ess: float | None = None
     ess_fraction: float | None = None
+    # The group's importance-weighted pass rate and reward std at theta (METHOD.md, importance-weighted
+    # group statistics): the plain mean and biased std at theta = beta; None when not computed.
+    p_theta: float | None = None
+    std_theta: float | None = None
+    # log (1/K) sum_k w_k: 0 at theta = beta; moves for all-equal groups too (refresh uses it)
+    log_mean_weight: float | None = None
 
 
 def gradient_schema(dim: int, dtype: str = "float16") -> pa.Schema:
@@ -67,8 +74,13 @@ def gradient_schema(dim: int, dtype: str = "float16") -> pa.Schema:
     ])
 
 
-def legacy_schema(schema: pa.Schema) -> pa.Schema:
-    """The schema splits had before the optional (ESS) columns: such splits still open, read and resume."""
-    for name in GRADIENT_OPTIONAL_COLUMNS:
+def legacy_schema(schema: pa.Schema, keep: int = 0) -> pa.Schema:
+    """The schema splits had with only the first ``keep`` optional columns (0: before the ESS
+    columns; 2: before p_theta, std_theta and log_mean_weight): such splits still open, read and resume."""
+    for name in GRADIENT_OPTIONAL_COLUMNS[keep:]:
         schema = schema.remove(schema.get_field_index(name))
     return schema
+
+
+# How many optional columns splits of earlier versions had, newest first.
+LEGACY_OPTIONAL_COUNTS = (2, 0)

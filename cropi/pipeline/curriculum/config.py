@@ -114,6 +114,7 @@ class CurriculumConfig(BaseModel):
         no ``collect.reward``), so curricula started before the options were unified resume.
         """
         doc = self.model_dump(mode="json", exclude={"stages"})
+        doc["loss"] = self.loss.recorded()  # CROPI's estimator as before the choice existed
         if doc["validation_groups"] == "none":
             doc.pop("validation_groups")  # added later: curricula started before it keep their key
         collect = doc["collect"]
