@@ -17,7 +17,8 @@ from cropi.tasks.base import DEFAULT_TASK, POOL, Task, load_task
 # (a random fraction of the mixed-reward prompts) isolates what influence adds over a variance filter.
 METHODS = ("cropi", "full", "random", "pass_rate", "informative", "oracle")
 # CROPI with one scoring option changed (opt-in with ``methods``): demo method -> curriculum config fields.
-VARIANTS: dict[str, dict[str, Any]] = {"cropi_by_answer": {"validation_groups": "answer"}}
+VARIANTS: dict[str, dict[str, Any]] = {"cropi_by_answer": {"validation_groups": "answer"},
+                                       "cropi_theta": {"loss": {"advantage": "theta"}}}
 # Online influence filters inside the trainer (docs/online_filtering.md), opt-in with ``methods``
 # (outside the default list and its 15-minute budget): demo method -> (the stage's selection, filter policy).
 ONLINE_METHODS = {"ippo": ("full", "ippo"), "iif": ("full", "iif"), "random_filter": ("full", "random"),

@@ -9,7 +9,7 @@ the parameters the projection spec covers get gradients, which saves work.
 from __future__ import annotations
 
 import math
-from typing import Literal, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 import torch
