@@ -66,7 +66,7 @@ def files_of(root: Path) -> dict[str, bytes]:
 
 
 def shard_files(split) -> list[Path]:
-    return sorted(Path(split.dataset.path, "shards").iterdir())
+    return sorted(p for p in Path(split.dataset.path, "shards").iterdir() if p.suffix != shard_io.KEYS_SUFFIX)
 
 
 def traj_rows(pid: str, k: int = 4, prompt_len: int = 3, seed: int = 0) -> list[dict]:
@@ -286,6 +286,8 @@ def test_sigkilled_writer_leaves_nothing_partial_and_resumes(tmp_path, kill_poin
     assert split.read().prompt_ids == pids[:4]
     write_grads(split, "w0", pids, rows_per_shard=2)
     assert not any(f.name == leftovers[0] for f in shard_files(split))
+    sidecars = sorted(p.name for p in Path(split.dataset.path, "shards").glob("*" + shard_io.KEYS_SUFFIX))
+    assert sidecars == sorted(e["file"] + shard_io.KEYS_SUFFIX for e in split.dataset.commits()["w0"])
     clean = open_split(tmp_path / "clean")
     write_grads(clean, "w0", pids, rows_per_shard=2)
     assert split.dataset.read().equals(clean.dataset.read())
@@ -298,9 +300,12 @@ def test_writer_only_removes_its_own_orphans(tmp_path):
     (shards / "b-000000.arrow").write_bytes(b"in flight")  # another worker, mid-commit
     (shards / "a-000007.arrow").write_bytes(b"killed")
     (shards / "a-000008.arrow.tmp-0123abcd").write_bytes(b"half")
+    (shards / "a-000008.arrow.keys").write_bytes(b"[]")  # a killed commit's keys sidecar
+    (shards / "b-000000.arrow.keys").write_bytes(b"[]")
     write_grads(split, "a", ["y"])
     names = sorted(f.name for f in shards.iterdir())
-    assert names == ["a-000000.arrow", "a-000009.arrow", "b-000000.arrow"]  # numbering never reuses
+    assert names == ["a-000000.arrow", "a-000000.arrow.keys", "a-000009.arrow", "a-000009.arrow.keys",
+                     "b-000000.arrow", "b-000000.arrow.keys"]  # numbering never reuses
     assert split.read().prompt_ids == ["x", "y"]
 
 
@@ -347,10 +352,13 @@ def test_every_read_hashes_the_bytes_it_parses(tmp_path, monkeypatch):
     hashed = []
     real = shard_io.read_verified
     monkeypatch.setattr(shard_io, "read_verified", lambda *a: hashed.append(a[3]["file"]) or real(*a))
+    sidecars = []
+    real_keys = shard_io.read_keys
+    monkeypatch.setattr(shard_io, "read_keys", lambda *a: sidecars.append(a[3]["file"]) or real_keys(*a))
     split.read()
     split.read()
-    split.committed_prompt_ids()
-    assert len(hashed) == 9  # 3 shards x 3 reads, none skipped as "verified before"
+    split.committed_prompt_ids()  # the keys sidecars, each checked against its own sha256
+    assert len(hashed) == 6 and len(sidecars) == 3  # 3 shards x 2 reads + 3 sidecars, none skipped
 
 
 def test_a_table_already_read_does_not_change_with_the_file(tmp_path):
@@ -835,7 +843,7 @@ def _child_main(root: str, kill_point: str, pids: list[str]) -> None:
         seen = []
 
         def hook(path, data):
-            if "/shards/" in path:
+            if "/shards/" in path and shard_io.KEYS_SUFFIX not in path:  # the shard, not its keys sidecar
                 seen.append(path)
                 if len(seen) == 3:
                     Path(path).write_bytes(data[: len(data) // 2])

@@ -13,6 +13,8 @@ import pyarrow.fs as pafs
 from cropi.errors import InvalidInputError, MismatchError, NotFoundError
 from cropi.store.gradient_table import GradientTable
 from cropi.store.gradient_writer import GradientWriter
+from cropi.store.key_index import KeyIndex
+from cropi.store.part_cache import PartCache
 from cropi.store.sharded import ShardedDataset, check_name
 from cropi.store.types import DTYPES, GRADIENT_STATUSES, CheckpointRef, GradientRecord, gradient_schema, legacy_schema
 from cropi.utils.fsio import file_exists, resolve
@@ -109,6 +111,17 @@ class GradientSplit:
 
     def committed_prompt_ids(self) -> set[str]:
         return self.dataset.committed_keys()
+
+    def index(self) -> KeyIndex:
+        """Where each prompt's gradient lives; reads the shards' keys, no vectors."""
+        return self.dataset.key_index()
+
+    def take(self, prompt_ids: list[str], index: KeyIndex | None = None,
+             cache: PartCache | None = None) -> GradientTable:
+        """The gradients of ``prompt_ids``, in that order, reading and verifying only the record
+        batches that hold them (see ``ShardedDataset.take``)."""
+        return GradientTable.from_arrow(self.dataset.take(list(prompt_ids), index, cache), self.checkpoint,
+                                        self.spec, self.split, self.dim, self.dtype)
 
     def read(self, verify: bool = True) -> GradientTable:
         """Every committed gradient (first occurrence of each prompt), checksums verified."""
