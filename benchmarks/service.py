@@ -81,6 +81,23 @@ def _synthetic_rows(rng, block: np.ndarray, start: int, n: int) -> tuple[np.ndar
     return rows, scales, status
 
 
+def _cosines(vectors: np.ndarray, status: list[str], targets: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``cropi.scoring.influence.cosine_scores`` against each target, the float32 copy and the row
+    norms computed once for all targets (same operations in the same order: equal to the bit)."""
+    block = vectors.astype(np.float32)
+    norms = np.linalg.norm(block, axis=1)
+    ok = np.asarray(status) == "ok"
+    out = {}
+    for name, target in targets.items():
+        target = np.asarray(target, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scores = (block @ target.astype(np.float32)) / (norms * np.linalg.norm(target))
+        scores = scores.astype(np.float64)
+        scores[~ok | ~np.isfinite(scores)] = np.nan
+        out[name] = scores
+    return out
+
+
 def write_checkpoint(store_path: Path, spec: ProjectionSpec, name: str, n: int, n_val: int, dim: int,
                      seed: int) -> dict:
     """One checkpoint's pool (``n`` rows) and validation splits, written through cropi.store's shard
@@ -88,7 +105,7 @@ def write_checkpoint(store_path: Path, spec: ProjectionSpec, name: str, n: int, 
     (``cropi.pipeline.rank`` reads a whole split, 16 GB at 1M x 8192) and saved by cropi.store.rankings."""
     from cropi.scoring import Ranking
     from cropi.scoring.fusion import fuse, ranks
-    from cropi.scoring.influence import cosine_scores, validation_vector
+    from cropi.scoring.influence import validation_vector
     from cropi.store import rankings
 
     t0 = time.perf_counter()
@@ -112,8 +129,8 @@ def write_checkpoint(store_path: Path, spec: ProjectionSpec, name: str, n: int, 
         vecs, scales, status = _synthetic_rows(rng, block, start, m)
         ids = [f"p{i:07d}" for i in range(start, start + m)]
         writer.commit(_pool_table(pool.dataset.schema, ids, vecs, scales, status))
-        for v in VALIDATION:
-            scores[v].append(cosine_scores(vecs, status, targets[v]))
+        for v, sc in _cosines(vecs, status, targets).items():
+            scores[v].append(sc)
         ids_all += ids
         status_all += status
     write_s = time.perf_counter() - t0
