@@ -2,7 +2,7 @@
 
 from cropi.store.gradient_table import GradientTable
 from cropi.store.gradient_writer import GradientWriter
-from cropi.store.gradients import GradientSplit, GradientStore
+from cropi.store.gradients import GradientSplit, GradientStore, SplitReader
 from cropi.store.key_index import KeyIndex
 from cropi.store.part_cache import PartCache
 from cropi.store.sharded import ShardedDataset, ShardWriter
@@ -11,6 +11,6 @@ from cropi.store.types import GRADIENT_STATUSES, CheckpointRef, GradientRecord, 
 
 __all__ = [
     "GRADIENT_STATUSES", "TRAJECTORY_SCHEMA", "CheckpointRef", "GradientRecord", "GradientSplit", "GradientStore",
-    "GradientTable", "GradientWriter", "KeyIndex", "PartCache", "PromptTrajectories", "ShardWriter", "ShardedDataset",
+    "GradientTable", "GradientWriter", "KeyIndex", "PartCache", "PromptTrajectories", "ShardWriter", "ShardedDataset", "SplitReader",
     "TrajectoryStore", "TrajectoryWriter", "gradient_schema",
 ]

@@ -40,6 +40,15 @@ class PartCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def peek(self, key: Hashable) -> object | None:
+        """The cached value of ``key``, or None; never loads."""
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is None:
+                return None
+            self._entries.move_to_end(key)
+            return hit[1]
+
     def get(self, key: Hashable, size: int, load: Callable[[], V]) -> V:
         while True:
             with self._lock:

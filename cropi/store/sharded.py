@@ -23,7 +23,6 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
@@ -113,11 +112,13 @@ class ShardedDataset:
                 index.add(w, e, self.shard_keys(w, e))
         return index.finish()
 
-    def take(self, keys: list[str], index: KeyIndex | None = None, cache: PartCache | None = None) -> pa.Table:
+    def take(self, keys: list[str], index: KeyIndex | None = None, cache: PartCache | None = None, *,
+             cached_only: bool = False) -> pa.Table | None:
         """The rows of ``keys``, in that order, reading and verifying only the parts that hold them.
 
         NotFoundError names keys the dataset does not hold. ``index`` (from ``key_index``) and
         ``cache`` are the caller's to keep between calls; without them each call builds its own.
+        ``cached_only``: None unless every part needed is in ``cache`` (no I/O at all).
         """
         index = index if index is not None else self.key_index()
         places = [index.locate(k) for k in keys]
@@ -125,11 +126,20 @@ class ShardedDataset:
         if missing:
             raise NotFoundError(f"{len(missing)} of {len(keys)} keys are not in {self.path}: {missing[:5]}")
         wanted = sorted({p for p, _ in places})
-        loaded = {p: self._part(index.parts[p], cache) for p in wanted}
-        offsets = dict(zip(wanted, [0, *np.cumsum([loaded[p].num_rows for p in wanted])[:-1].tolist()]))
-        table = pa.concat_tables([pa.Table.from_batches([loaded[p]]) for p in wanted]) if wanted else None
-        rows = [offsets[p] + r for p, r in places]
-        out = table.take(pa.array(rows, pa.int64())) if table is not None else self.schema.empty_table()
+        if cached_only:
+            found = {p: cache.peek((self.path, *index.parts[p].key)) for p in wanted} if cache else {}
+            if not found or any(v is None for v in found.values()):
+                return None
+        rows_of: dict[int, list[int]] = {}
+        for p, r in places:
+            rows_of.setdefault(p, []).append(r)
+        pieces, at = [], {}
+        for p in wanted:  # one part held at a time: only the asked rows are kept from each
+            rows = sorted(set(rows_of[p]))
+            at |= {(p, r): len(at) + i for i, r in enumerate(rows)}
+            pieces.append(self._part(index.parts[p], cache).take(pa.array(rows, pa.int64())))
+        table = pa.Table.from_batches(pieces, schema=self.schema) if pieces else self.schema.empty_table()
+        out = table.take(pa.array([at[pr] for pr in places], pa.int64()))
         if out.column(self.key).to_pylist() != list(keys):
             raise CorruptDataError(f"the keys index of {self.path} does not match its verified shards (a commit "
                                    "file was changed after its shards were written); restore it, or remove "

@@ -71,13 +71,15 @@ class BearerAuth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.token is None or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, given = header.partition(b" ")
+        headers = [v for k, v in scope["headers"] if k == b"authorization"]
+        scheme, _, given = (headers[0] if headers else b"").partition(b" ")
         # compare_digest takes time independent of where the strings differ
-        if scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token):
+        if len(headers) == 1 and scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token):
             return await self.app(scope, receive, send)
-        err = UnauthorizedError("missing or wrong token: send the header 'Authorization: Bearer <token>' "
-                                "with the token the service was started with")
+        err = UnauthorizedError(
+            f"{len(headers)} Authorization headers: send exactly one" if len(headers) > 1 else
+            "missing or wrong token: send the header 'Authorization: Bearer <token>' "
+            "with the token the service was started with")
         await send_error(send, err.http_status, err.code, str(err), [(b"www-authenticate", b"Bearer")])
 
 

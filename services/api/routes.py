@@ -119,10 +119,13 @@ def get_gradients(checkpoint_id: Id, body: models.GradientBatchRequest, request:
 
 def _gradients(svc: Service, checkpoint_id: str, prompt_ids: list[str], split: str | None, accept: str | None):
     row, view = svc.gradient_view(checkpoint_id, split)
-    rows = view.rows(prompt_ids)
-    if wants_arrow(accept):
-        return Response(view.arrow_stream(rows), media_type=ARROW_STREAM)
-    return Response(svc.gradient_body(row, view, rows, split), media_type="application/json")
+    arrow = wants_arrow(accept)
+    svc.check_response_size(view, len(prompt_ids), arrow)
+    with svc.heavy_slot(len(prompt_ids)):
+        rows = view.rows(prompt_ids)
+        if arrow:
+            return Response(view.arrow_stream(rows), media_type=ARROW_STREAM)
+        return Response(svc.gradient_body(row, view, rows, split), media_type="application/json")
 
 
 # curricula

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Hashable, TypeVar
+from typing import Any, Callable, Hashable, Iterator, TypeVar
 
 import pyarrow as pa
 
 from cropi.errors import CorruptDataError, CropiError, InvalidInputError
 from ..api import schemas as models
-from .cache import VersionedCache
-from .errors import NotReadyError, RankingConflictError, UnknownIdError
+from .cache import ByteLRU, VersionedCache
+from .errors import BusyError, NotReadyError, RankingConflictError, ResponseTooLargeError, UnknownIdError
 from ..jobs.table import Job, JobStore
 from .store import POOL_SPLIT, Library
 from ..jobs.params import CurriculumParams, ScoringParams
@@ -26,11 +28,13 @@ from .paths import confine
 from .registry import CheckpointRow, CurriculumRow, DatasetRow, Registry, new_id
 from ..jobs.runner import Runner
 from ..entry.settings import ServiceSettings
-from .views import FUSED, GradientView, RankingView
+from .views import ARROW_STREAM, FUSED, GradientView, RankingView, record_bytes_bound
 
 V = TypeVar("V")
 RANKING_CACHE_SIZE = 16
-GRADIENT_CACHE_SIZE = 2  # a split of 100k prompts at k=8192 is over a GB in float16
+# A loaded split is its key index (about 16 bytes a prompt): its vectors are read a record batch at a
+# time into the library's part cache, whose budget (gradient_cache_mb) holds for every split together.
+GRADIENT_CACHE_SIZE = 64
 
 
 def job_view(job: Job) -> dict[str, Any]:
@@ -47,6 +51,8 @@ class Service:
         self.settings, self.library, self.runner, self.jobs, self.registry = settings, library, runner, jobs, registry
         self.rankings: VersionedCache[RankingView] = VersionedCache(RANKING_CACHE_SIZE)
         self.gradient_views: VersionedCache[GradientView] = VersionedCache(GRADIENT_CACHE_SIZE)
+        self.rendered = ByteLRU(int(settings.render_cache_mb * 2**20))  # shared by every split's view
+        self._heavy = threading.BoundedSemaphore(settings.heavy_requests)
         self._versions: dict[Hashable, tuple[float, Hashable | None]] = {}
         self._done: dict[str, Job] = {}
 
@@ -210,17 +216,46 @@ class Service:
             token = self._job_token(row, self.jobs.get(row.job_id))
         view = self.gradient_views.get(key, token, lambda: self._load(
             f"the stored gradients of checkpoint {row.id}, split {split!r}",
-            lambda: GradientView(self.library.gradients(row.name, row.spec_id, split),
-                                 int(self.settings.render_cache_mb * 2**20))))
+            lambda: GradientView(self.library.gradients(row.name, row.spec_id, split), rendered=self.rendered)))
         return row, view
 
     @staticmethod
-    def gradient_body(row: CheckpointRow, view: GradientView, rows: list[int], split: str | None) -> bytes:
-        """A ``GradientBatch`` of ``rows`` as JSON bytes."""
+    def gradient_body(row: CheckpointRow, view: GradientView, rows: list[str], split: str | None,
+                      items: bytes | None = None) -> bytes:
+        """A ``GradientBatch`` of ``rows`` (or the ready JSON array ``items``) as JSON bytes."""
         head = {"checkpoint": row.id, "spec_id": row.spec_id, "split": view.meta.get("split", split), "dim": view.dim}
         # encoded here, not through the response model: re-validating thousands of floats costs more than the lookup
-        return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":', view.records_json(rows),
-                         b"}"))
+        items = view.records_json(rows) if items is None else items
+        return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":', items, b"}"))
+
+    def check_response_size(self, view: GradientView, n: int, arrow: bool) -> None:
+        """ResponseTooLargeError unless ``n`` records can not exceed ``max_response_mb``, whatever their values."""
+        limit = int(self.settings.max_response_mb * 2**20)
+        each = record_bytes_bound(view.dim, view.dtype, arrow)
+        if n * each > limit:
+            fits = max(1, limit // each)
+            raise ResponseTooLargeError(
+                f"{n} gradients of {view.dim} values can take up to {n * each / 2**20:.0f} MB as "
+                f"{'Arrow' if arrow else 'JSON'}, over this service's limit of {self.settings.max_response_mb:g} MB "
+                f"(max_response_mb): send at most {fits} prompt ids per request and page through the rest"
+                + ("" if arrow else f", or ask for Arrow (Accept: {ARROW_STREAM}), which fits "
+                   f"{max(1, limit // record_bytes_bound(view.dim, view.dtype, True))}"))
+
+    @contextmanager
+    def heavy_slot(self, n: int) -> Iterator[None]:
+        """Batches are served ``heavy_requests`` at a time: the rest wait (up to ``heavy_wait_s``, then 429),
+        so their memory together stays under heavy_requests x max_response_mb. Single lookups go straight."""
+        if n <= 1:
+            yield
+            return
+        if not self._heavy.acquire(timeout=self.settings.heavy_wait_s):
+            raise BusyError(f"{self.settings.heavy_requests} gradient batches are being served (heavy_requests) and "
+                            f"this one waited {self.settings.heavy_wait_s:g} s for its turn: retry later, or send "
+                            "single lookups", retry_after_s=max(1, round(self.settings.heavy_wait_s)))
+        try:
+            yield
+        finally:
+            self._heavy.release()
 
     # the fast path: answers from what is loaded, or None (then the full route answers, errors included)
 
@@ -269,9 +304,10 @@ class Service:
         if seen is None or seen[0] is None:
             return None
         view = self.gradient_views.peek(key, seen[0])
-        if view is None or prompt_id not in view.index:
+        record = view.cached_record_json(prompt_id) if view is not None and prompt_id in view else None
+        if record is None:
             return None
-        return self.gradient_body(row, view, [view.index[prompt_id]], split)
+        return self.gradient_body(row, view, [prompt_id], split, items=b"[" + record + b"]")
 
     # curricula
 

@@ -45,7 +45,16 @@ class ServiceSettings(BaseSettings):
                             "stamp is due for a look (version_ttl_s) takes the full route, so with "
                             "version_ttl_s=0 none is fast")
     render_cache_mb: float = Field(default=64.0, ge=0, description="memory for rendered JSON gradient records, "
-                                   "per loaded split (0: render every request)")
+                                   "all splits together (0: render every request)")
+    gradient_cache_mb: float = Field(default=512.0, ge=0, description="memory for verified record batches of "
+                                     "stored gradients, all splits together (a lookup reads the 256 KB batch "
+                                     "holding its prompt)")
+    max_response_mb: float = Field(default=64.0, gt=0, description="largest gradients response (JSON or Arrow, "
+                                   "estimated before anything is read); a larger batch is refused with 413 "
+                                   "saying how many ids fit")
+    heavy_requests: int = Field(default=4, ge=1, description="gradient batches served at once; more wait their "
+                                "turn (at most heavy_wait_s, then 429)")
+    heavy_wait_s: float = Field(default=10.0, ge=0, description="how long a gradient batch waits for its turn")
     # Extra or replacement job kinds: kind -> "module:function". For plugins and tests.
     job_kinds: dict[str, str] = Field(default_factory=dict)
 
