@@ -28,6 +28,11 @@ def service(request: Request) -> Service:
     return request.app.state.service
 
 
+def caller(request: Request) -> str | None:
+    """Whose token the request carried (set by the auth middleware)."""
+    return getattr(request.state, "caller", None)
+
+
 def wants_arrow(accept: str | None) -> bool:
     return bool(accept) and ARROW_STREAM in accept
 
@@ -68,7 +73,7 @@ def get_dataset(dataset_id: Id, request: Request) -> dict:
 @router.post("/v1/checkpoints", status_code=202, response_model=models.CheckpointCreated, tags=["checkpoints"])
 def create_checkpoint(body: models.CheckpointCreate, request: Request) -> dict:
     """Register a checkpoint and start its scoring job; answers at once with the job id."""
-    row = service(request).add_checkpoint(body)
+    row = service(request).add_checkpoint(body, caller(request))
     return {"id": row.id, "job_id": row.job_id}
 
 
@@ -133,7 +138,7 @@ def _gradients(svc: Service, checkpoint_id: str, prompt_ids: list[str], split: s
 @router.post("/v1/curricula", status_code=202, response_model=models.CurriculumCreated, tags=["curricula"])
 def create_curriculum(body: models.CurriculumCreate, request: Request) -> dict:
     """Start a staged CROPI curriculum (score, select, train, repeat)."""
-    row = service(request).add_curriculum(body)
+    row = service(request).add_curriculum(body, caller(request))
     return {"id": row.id, "job_id": row.job_id}
 
 

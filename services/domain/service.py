@@ -53,6 +53,7 @@ class Service:
         self.gradient_views: VersionedCache[GradientView] = VersionedCache(GRADIENT_CACHE_SIZE)
         self.rendered = ByteLRU(int(settings.render_cache_mb * 2**20))  # shared by every split's view
         self._heavy = threading.BoundedSemaphore(settings.heavy_requests)
+        self._registrations = threading.BoundedSemaphore(settings.max_registrations)
         self._versions: dict[Hashable, tuple[float, Hashable | None]] = {}
         self._done: dict[str, Job] = {}
 
@@ -70,7 +71,13 @@ class Service:
         if not path.is_file() and not path.is_dir():
             raise InvalidInputError(f"no prompt file at {body.path!r} (resolved to {str(path)!r}): "
                                     "check the path; it is read on the service's machine")
-        n = self.library.count_prompts(str(path))
+        if not self._registrations.acquire(blocking=False):
+            raise BusyError(f"{self.settings.max_registrations} dataset registrations are reading their prompt files "
+                            "(max_registrations): register this one when they are done", retry_after_s=5)
+        try:  # reading a large prompt file takes seconds: a few at a time, the other request threads stay free
+            n = self.library.count_prompts(str(path))
+        finally:
+            self._registrations.release()
         if n == 0:
             raise InvalidInputError(f"{body.path!r} holds no prompts: a dataset needs at least one")
         return self.registry.add_dataset(body.name, str(path), body.kind, n)
@@ -97,7 +104,7 @@ class Service:
 
     # checkpoints
 
-    def add_checkpoint(self, body: models.CheckpointCreate) -> CheckpointRow:
+    def add_checkpoint(self, body: models.CheckpointCreate, caller: str | None = None) -> CheckpointRow:
         model = self.confine(body.path)
         if not model.is_dir():
             raise InvalidInputError(f"no model folder at {body.path!r} (resolved to {str(model)!r}): a checkpoint "
@@ -124,7 +131,7 @@ class Service:
                 f"checkpoint {earlier.id} was already scored under the name {body.name!r} with this projection "
                 f"spec ({spec_id}) from other inputs (model, datasets, trajectories or options); scoring again "
                 "would replace the ranking it serves. Register this scoring under another name")
-        job = self.runner.submit("scoring", params, key=scoring_key(body.name, spec_id))
+        job = self.runner.submit("scoring", params, key=scoring_key(body.name, spec_id), caller=caller)
         row = CheckpointRow(new_id("ck"), body.name, str(model), pool.id, [v.id for v in validation], spec_id,
                             job.id, time.time(), inputs)
         self.registry.add_checkpoint(row)
@@ -311,7 +318,7 @@ class Service:
 
     # curricula
 
-    def add_curriculum(self, body: models.CurriculumCreate) -> CurriculumRow:
+    def add_curriculum(self, body: models.CurriculumCreate, caller: str | None = None) -> CurriculumRow:
         model = self.confine(body.path)
         if not model.is_dir():
             raise InvalidInputError(f"no model folder at {body.path!r} (resolved to {str(model)!r})")
@@ -320,7 +327,7 @@ class Service:
                                   validation={v.name: v.path for v in validation}, stages=body.stages,
                                   fraction=body.fraction, projection=body.projection,
                                   options=body.options).model_dump(exclude_none=True)
-        job = self.runner.submit("curriculum", params, key=f"curriculum:{body.name}")
+        job = self.runner.submit("curriculum", params, key=f"curriculum:{body.name}", caller=caller)
         row = CurriculumRow(new_id("cur"), body.name, job.id, time.time())
         self.registry.add_curriculum(row)
         return row

@@ -55,6 +55,11 @@ class ServiceSettings(BaseSettings):
     heavy_requests: int = Field(default=4, ge=1, description="gradient batches served at once; more wait their "
                                 "turn (at most heavy_wait_s, then 429)")
     heavy_wait_s: float = Field(default=10.0, ge=0, description="how long a gradient batch waits for its turn")
+    max_queued_per_caller: int = Field(default=16, ge=1, description="queued jobs one caller (token) may have; "
+                                       "past it a submission is answered 429 with Retry-After")
+    max_queued: int = Field(default=256, ge=1, description="queued jobs in all; past it, 429 with Retry-After")
+    max_registrations: int = Field(default=2, ge=1, description="dataset registrations (each reads its prompt "
+                                   "file) in progress at once; more are answered 429 at once")
     # Extra or replacement job kinds: kind -> "module:function". For plugins and tests.
     job_kinds: dict[str, str] = Field(default_factory=dict)
 
@@ -75,6 +80,11 @@ class ServiceSettings(BaseSettings):
         roots = self.data_roots or [self.root]
         self.data_roots = [Path(os.path.realpath(r)) for r in roots]
         return self
+
+    @property
+    def tokens(self) -> list[str]:
+        """The accepted tokens: one per line of the token (each line is one caller)."""
+        return [t.strip() for t in (self.token or "").splitlines() if t.strip()]
 
     @property
     def state_dir(self) -> Path:
