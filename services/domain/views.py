@@ -29,6 +29,7 @@ from .errors import UnknownIdError
 
 SCORE_PREFIX = "score:"
 FUSED = "fused"
+ENCODE_ROWS = 65536
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
 
@@ -150,15 +151,19 @@ class RankingView:
             return self._fragments[order]
 
     def _encode(self, table: pa.Table) -> list[bytes]:
-        cols = table.to_pydict()
-        selected = cols.get("selected")
-        scores = [(v, cols[SCORE_PREFIX + v]) for v in self.validation]
-        return [json.dumps({"position": i + 1, "prompt_id": pid, "rank": int(cols["rank"][i]),
-                            "fused": _finite(cols["fused"][i]),
-                            "scores": {v: _finite(s[i]) for v, s in scores},
-                            "selected": selected[i] if selected is not None else None},
-                           allow_nan=False, separators=(",", ":")).encode()
-                for i, pid in enumerate(cols["prompt_id"])]
+        out: list[bytes] = []
+        # a slice at a time: the Python objects of a million rows at once would double the server's memory
+        for start in range(0, table.num_rows, ENCODE_ROWS):
+            cols = table.slice(start, ENCODE_ROWS).to_pydict()
+            selected = cols.get("selected")
+            scores = [(v, cols[SCORE_PREFIX + v]) for v in self.validation]
+            out += [json.dumps({"position": start + i + 1, "prompt_id": pid, "rank": int(cols["rank"][i]),
+                                "fused": _finite(cols["fused"][i]),
+                                "scores": {v: _finite(s[i]) for v, s in scores},
+                                "selected": selected[i] if selected is not None else None},
+                               allow_nan=False, separators=(",", ":")).encode()
+                    for i, pid in enumerate(cols["prompt_id"])]
+        return out
 
 
 class GradientView:
