@@ -194,3 +194,17 @@ def test_concurrent_loads_of_one_part_are_coalesced_and_the_budget_holds():
     with pytest.raises(OSError):
         cache.get("bad", 10, fail)
     assert cache.get("bad", 10, lambda: "ok") == "ok"  # a failed load is not remembered
+
+
+def test_a_reader_answers_from_the_cache_without_io_or_says_it_cannot(tmp_path, small_parts, monkeypatch):
+    from cropi.store import SplitReader
+
+    split = _split(tmp_path)
+    reader = SplitReader(split, PartCache(1 << 20))
+    assert reader.cached(["p009"]) is None and len(reader.cache) == 0  # not loaded: no read to answer it
+    np.testing.assert_array_equal(reader.take(["p009"]).vectors, _expected(["p009"], "ckpt-1"))
+    reads = Reads(monkeypatch)
+    got = reader.cached(["p009"])
+    assert got is not None and got.prompt_ids == ["p009"] and reads.parts == [] and reads.whole == []
+    np.testing.assert_array_equal(got.vectors, _expected(["p009"], "ckpt-1"))
+    assert "p009" in reader and "nope" not in reader and len(reader) == 40
