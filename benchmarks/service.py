@@ -8,7 +8,7 @@
    runs reuse it (1M x 8192 is 16 GB a checkpoint).
 2. Registers the checkpoints in the service's tables as scored (no model or scoring job: the
    point is serving, not computing).
-3. Starts the real server (``python -m services serve``) on 127.0.0.1 with a token and
+3. Starts the real server (``python -m cropi_service serve``) on 127.0.0.1 with a token and
    measures, one request at a time: a ranking page of 1,000 (p50/p99 over random offsets,
    the first, cache-filling request reported apart), a single gradient lookup (JSON), and a
    batch of 100 as JSON and as Arrow.
@@ -43,13 +43,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from cropi.pipeline.rank import rank  # noqa: E402
 from cropi.projection import ProjectionSpec  # noqa: E402
 from cropi.store import CheckpointRef, GradientStore  # noqa: E402
-from services.jobs.table import JobStore  # noqa: E402
-from services.domain.registry import CheckpointRow, Registry, new_id  # noqa: E402
-from services.domain.service import scoring_key  # noqa: E402
-from services.entry.settings import ServiceSettings  # noqa: E402
+from cropi_service.jobs.table import JobStore  # noqa: E402
+from cropi_service.domain.registry import CheckpointRow, Registry, new_id  # noqa: E402
+from cropi_service.domain.service import scoring_key  # noqa: E402
+from cropi_service.base.settings import ServiceSettings  # noqa: E402
 
 NAME = "bench"
 VALIDATION = ("gsm", "math")
@@ -218,7 +217,7 @@ def free_port() -> int:
 
 
 def start_server(root: Path, port: int, token_file: Path, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "services", "serve", "--root", str(root), "--port", str(port),
+    cmd = [sys.executable, "-m", "cropi_service", "serve", "--root", str(root), "--port", str(port),
            "--token-file", str(token_file), "--workers", "0"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     import httpx

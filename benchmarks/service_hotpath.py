@@ -48,7 +48,7 @@ from benchmarks.service import (NAME, VALIDATION, closed_loop, open_loop, percen
 from cropi.pipeline.rank import rank  # noqa: E402
 from cropi.projection import ProjectionSpec  # noqa: E402
 from cropi.store import GradientStore  # noqa: E402
-from services.entry.settings import ServiceSettings  # noqa: E402
+from cropi_service.base.settings import ServiceSettings  # noqa: E402
 
 TOKEN = "hotpath-benchmark-token"
 DEFAULT_BASELINE = "0dd36ba"  # the service before the fast path (README: online filtering benchmarks)
@@ -105,8 +105,8 @@ def asgi_caller(app):
 def in_process(root: Path, baseline_pkg: Path, ck: str, ranked: int, prompts: int, n: int, log_file: Path) -> dict:
     sys.path.insert(0, str(baseline_pkg))
     from services_baseline.api.app import create_app as create_old  # noqa: PLC0415
-    from services.api.app import create_app as create_new  # noqa: PLC0415
-    from services.entry.logs import JsonFormatter  # noqa: PLC0415
+    from cropi_service.api.app import create_app as create_new  # noqa: PLC0415
+    from cropi_service.base.logs import JsonFormatter  # noqa: PLC0415
 
     handler = logging.StreamHandler(open(log_file, "a"))  # one JSON line per request, as the server logs
     handler.setFormatter(JsonFormatter())
@@ -160,7 +160,8 @@ def start(root: Path, code: Path, token_file: Path, log: Path) -> tuple[subproce
 
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), str(REPO)]))
-    proc = subprocess.Popen([sys.executable, "-m", "services", "serve", "--root", str(root), "--port", str(port),
+    package = "services" if (code / "services").is_dir() else "cropi_service"  # the folder's name before 19
+    proc = subprocess.Popen([sys.executable, "-m", package, "serve", "--root", str(root), "--port", str(port),
                              "--token-file", str(token_file), "--workers", "0"], cwd=code, env=env,
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -273,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
                                   capture_output=True, text=True).stdout.strip()
     new_rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], check=True,
                              capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "services"], check=True,
+    dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "cropi_service"], check=True,
                                 capture_output=True, text=True).stdout.strip())
     report: dict = {"prompts": a.prompts, "dim": a.dim, "dtype": "float16", "old": f"services at {baseline_rev}",
-                    "new": f"services at {new_rev}" + (" (with uncommitted changes)" if dirty else ""),
+                    "new": f"cropi_service at {new_rev}" + (" (with uncommitted changes)" if dirty else ""),
                     "machine": platform.platform(), "cpus": os.cpu_count(),
                     "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
     t = time.perf_counter()

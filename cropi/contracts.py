@@ -16,8 +16,9 @@ RANKING_META_KEY = b"cropi.ranking"  # Parquet schema-metadata key of a stored r
 
 # Names that become file or directory names (splits, checkpoints, curricula): letters, digits,
 # '_', '.', '-', not starting with '.' or '-' (so never '.', '..' or an option-like name).
-NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
-NAME_HELP = "1-128 letters, digits, '_', '.' or '-', not starting with '.' or '-'"
+NAME_MAX = 128
+NAME_PATTERN = rf"^[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{NAME_MAX - 1}}}$"
+NAME_HELP = f"1-{NAME_MAX} letters, digits, '_', '.' or '-', not starting with '.' or '-'"
 
 # One projected-gradient row: the vector plus these metadata columns.
 GRADIENT_STATUSES = ("ok", "zero_advantage", "nonfinite", "truncated")

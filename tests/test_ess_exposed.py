@@ -25,8 +25,8 @@ from cropi.demo.assets import shipped_model  # noqa: E402
 from cropi.store import CheckpointRef, GradientStore, TrajectoryStore  # noqa: E402
 from cropi.store.sharded import ShardedDataset  # noqa: E402
 from cropi.store.types import gradient_schema, legacy_schema  # noqa: E402
-from services.api.app import create_app  # noqa: E402
-from services.domain.store import CropiLibrary, store_of  # noqa: E402
+from cropi_service.api.app import create_app  # noqa: E402
+from cropi_service.domain.library import CropiLibrary, store_of  # noqa: E402
 
 ESS = [0.9, 0.1, 0.45, None, 0.3, 0.6, 0.05, 0.2, 1.0, 0.7]
 CHOSEN = (6, 1, 7)  # below 0.5, lowest first, floor(0.3 * 10) = 3

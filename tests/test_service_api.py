@@ -31,14 +31,14 @@ sys.path.insert(0, str(Path(__file__).parent))  # the worker processes import th
 import test_service_jobs  # noqa: E402
 
 from cropi.errors import InvalidInputError  # noqa: E402
-from services.api.app import create_app  # noqa: E402
-from services.domain.cache import VersionedCache  # noqa: E402
-from services.entry.cli import main as cli_main  # noqa: E402
-from services.domain.errors import JobRunningError, PathOutsideRootsError, ServiceConfigError  # noqa: E402
-from services.jobs.table import JobStore  # noqa: E402
+from cropi_service.api.app import create_app  # noqa: E402
+from cropi_service.domain.cache import VersionedCache  # noqa: E402
+from cropi_service.entry.cli import main as cli_main  # noqa: E402
+from cropi_service.base.errors import JobRunningError, PathOutsideRootsError, ServiceConfigError  # noqa: E402
+from cropi_service.jobs.table import JobStore  # noqa: E402
 from cropi.pipeline.rank import RankingResult  # noqa: E402
-from services.domain.paths import confine  # noqa: E402
-from services.entry.settings import ServiceSettings  # noqa: E402
+from cropi_service.base.paths import confine  # noqa: E402
+from cropi_service.base.settings import ServiceSettings  # noqa: E402
 
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -625,7 +625,7 @@ def test_a_job_resumes_after_its_runner_is_killed(tmp_path):
     work = tmp_path / "work"
     job = jobs.create("steps", f"{JOBS}:steps_job", {"dir": str(work), "steps": 12, "sleep": 0.15})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
-    cmd = [sys.executable, "-m", "services", "worker", "--root", str(settings.root), "--name", "w1"]
+    cmd = [sys.executable, "-m", "cropi_service", "worker", "--root", str(settings.root), "--name", "w1"]
 
     def start():
         return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -772,7 +772,7 @@ def test_no_request_makes_a_server_error(tmp_path):
 
 
 def test_vector_text_is_exact_for_every_float16_and_for_float32():
-    from services.domain.views import vector_json
+    from cropi_service.domain.views import vector_json
 
     every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     parsed = json.loads("[" + vector_json(every) + "]")

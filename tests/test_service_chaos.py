@@ -20,7 +20,7 @@ from test_service_e2e import PROJECTION, SPLITS, Server, _worker_pid, alive, ref
 
 from cropi.pipeline.rank import load_ranking  # noqa: E402
 from cropi.store import GradientStore  # noqa: E402
-from services.domain.store import POOL_SPLIT, store_of  # noqa: E402
+from cropi_service.domain.library import POOL_SPLIT, store_of  # noqa: E402
 
 KILLS = 4
 SEED = int(os.environ.get("CROPI_CHAOS_SEED", "12"))

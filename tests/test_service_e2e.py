@@ -35,7 +35,7 @@ from cropi.pipeline.collect import CollectJob, collect  # noqa: E402
 from cropi.pipeline.rank import load_ranking  # noqa: E402
 from cropi.projection import ProjectionSpec  # noqa: E402
 from cropi.store import GradientStore  # noqa: E402
-from services.domain.store import POOL_SPLIT, store_of  # noqa: E402
+from cropi_service.domain.library import POOL_SPLIT, store_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "e2e-token-" + "x" * 24
@@ -89,7 +89,7 @@ def free_port() -> int:
 
 
 class Server:
-    """``python -m services serve`` in a subprocess."""
+    """``python -m cropi_service serve`` in a subprocess."""
 
     def __init__(self, root: Path, data: Path, log: Path):
         self.root, self.data, self.log = root, data, log
@@ -99,7 +99,7 @@ class Server:
 
     def start(self) -> None:
         self.port = free_port()
-        cmd = [sys.executable, "-m", "services", "serve", "--root", str(self.root), "--port", str(self.port),
+        cmd = [sys.executable, "-m", "cropi_service", "serve", "--root", str(self.root), "--port", str(self.port),
                "--token-file", str(self.token_file), "--data-root", str(self.data)]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
@@ -191,7 +191,7 @@ def test_a_killed_server_resumes_scoring_and_serves_the_reference_results(world,
 
 
 def _worker_pid(root: Path, job_id: str) -> int | None:
-    from services.jobs.table import JobStore
+    from cropi_service.jobs.table import JobStore
 
     return JobStore(root / "service" / "jobs.sqlite").get(job_id).pid
 

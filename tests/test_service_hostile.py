@@ -18,9 +18,9 @@ from fastapi.testclient import TestClient
 sys.path.insert(0, str(Path(__file__).parent))
 import test_service_jobs  # noqa: E402
 
-from services.api.app import create_app  # noqa: E402
-from services.jobs.params import curriculum_config, scoring_request  # noqa: E402
-from services.entry.settings import ServiceSettings  # noqa: E402
+from cropi_service.api.app import create_app  # noqa: E402
+from cropi_service.options.params import curriculum_config, scoring_request  # noqa: E402
+from cropi_service.base.settings import ServiceSettings  # noqa: E402
 
 TOKEN = "hostile-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

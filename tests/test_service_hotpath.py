@@ -23,9 +23,9 @@ from test_service_api import (ARROW, AUTH, KINDS, Env, FakeLibrary, assert_error
                               read_arrow)
 
 from cropi.contracts import GRADIENT_META_COLUMNS, GRADIENT_OPTIONAL_COLUMNS  # noqa: E402
-from services.api.app import create_app  # noqa: E402
-from services.domain.cache import ByteLRU  # noqa: E402
-from services.domain.views import GradientView, RankingView, _finite, vector_json, vector_json_bytes  # noqa: E402
+from cropi_service.api.app import create_app  # noqa: E402
+from cropi_service.domain.cache import ByteLRU  # noqa: E402
+from cropi_service.domain.views import GradientView, RankingView, _finite, vector_json, vector_json_bytes  # noqa: E402
 
 TTL = 0.3
 

@@ -17,13 +17,13 @@ from test_service_api import AUTH, KINDS, TOKEN, Env, FakeLibrary, make_settings
 from test_store import SPEC, grad_row, open_split, write_grads  # noqa: E402
 
 from cropi.store import CheckpointRef, shard_io  # noqa: E402
-from services.api.app import create_app  # noqa: E402
-from services.api.middleware import caller_of  # noqa: E402
-from services.domain.errors import ServiceConfigError  # noqa: E402
-from services.domain.store import CropiLibrary  # noqa: E402
-from services.domain.views import GradientView, record_bytes_bound  # noqa: E402
-from services.jobs.runner import Runner  # noqa: E402
-from services.jobs.table import JobStore, QueueLimits  # noqa: E402
+from cropi_service.api.app import create_app  # noqa: E402
+from cropi_service.api.middleware import caller_of  # noqa: E402
+from cropi_service.base.errors import ServiceConfigError  # noqa: E402
+from cropi_service.domain.library import CropiLibrary  # noqa: E402
+from cropi_service.domain.views import GradientView, record_bytes_bound  # noqa: E402
+from cropi_service.jobs.runner import Runner  # noqa: E402
+from cropi_service.jobs.table import JobStore, QueueLimits  # noqa: E402
 
 OTHER = "second-caller-token-9876543210"
 

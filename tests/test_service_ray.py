@@ -18,9 +18,9 @@ ray = pytest.importorskip("ray")
 sys.path.insert(0, str(Path(__file__).parent))
 import test_service_jobs  # noqa: E402
 
-from services.jobs.table import JobStore  # noqa: E402
-from services.jobs.runner import RayLauncher, Runner  # noqa: E402
-from services.entry.settings import ServiceSettings  # noqa: E402
+from cropi_service.jobs.table import JobStore  # noqa: E402
+from cropi_service.jobs.runner import RayLauncher, Runner  # noqa: E402
+from cropi_service.base.settings import ServiceSettings  # noqa: E402
 
 JOBS = test_service_jobs.__name__
 

@@ -23,13 +23,13 @@ import test_service_jobs  # noqa: E402
 from test_service_hostile import AUTH, KINDS, TOKEN, stored, svc  # noqa: E402,F401
 
 from cropi.store import CheckpointRef, GradientStore  # noqa: E402
-from services.api.app import create_app  # noqa: E402
-from services.domain.errors import PathOutsideRootsError  # noqa: E402
-from services.domain.registry import CheckpointRow, Registry, new_id  # noqa: E402
-from services.domain.service import scoring_key  # noqa: E402
-from services.entry.settings import ServiceSettings  # noqa: E402
-from services.jobs.params import scoring_request  # noqa: E402
-from services.jobs.table import JobStore  # noqa: E402
+from cropi_service.api.app import create_app  # noqa: E402
+from cropi_service.base.errors import PathOutsideRootsError  # noqa: E402
+from cropi_service.domain.registry import CheckpointRow, Registry, new_id  # noqa: E402
+from cropi_service.domain.service import scoring_key  # noqa: E402
+from cropi_service.base.settings import ServiceSettings  # noqa: E402
+from cropi_service.options.params import scoring_request  # noqa: E402
+from cropi_service.jobs.table import JobStore  # noqa: E402
 
 
 def add_validation(client, settings, name: str) -> str:
@@ -203,7 +203,7 @@ def test_restarts_do_not_fail_a_job_and_a_killed_worker_is_retried(tmp_path):
                       {"dir": str(work), "steps": 30, "sleep": 0.1})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
     logs = tmp_path / "runner.log"
-    cmd = [sys.executable, "-m", "services", "worker", "--root", str(settings.root), "--name", "w1"]
+    cmd = [sys.executable, "-m", "cropi_service", "worker", "--root", str(settings.root), "--name", "w1"]
 
     def start():
         return subprocess.Popen(cmd, env={**env, "CROPI_SERVICE_MAX_ATTEMPTS": "2"}, stdout=subprocess.DEVNULL,

@@ -1,5 +1,6 @@
 """The service's shape: the HTTP process imports no torch, job targets are real functions, the
-library never imports the service, and ``cropi serve`` is the service's entry point."""
+library never imports the service, cropi_service's floors import only downwards and without circles,
+and ``cropi serve`` is the service's entry point."""
 
 from __future__ import annotations
 
@@ -10,10 +11,76 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+SERVICE = REPO / "cropi_service"
+FLOORS = ("base", "options", "jobs", "domain", "api", "entry")  # bottom up: each imports only from below
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def service_imports(path: Path) -> set[str]:
+    """Every cropi_service module ``path`` imports: top-level, in functions and under TYPE_CHECKING alike."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.add(base)
+            # ``from . import schemas``: the submodule itself
+            found |= {f"{base}.{a.name}" for a in node.names if _is_module(f"{base}.{a.name}")}
+    return {m for m in found if m.split(".")[0] == "cropi_service" and _is_module(m)}
+
+
+def _is_module(name: str) -> bool:
+    path = REPO.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def floor(module: str) -> int:
+    parts = module.split(".")
+    return FLOORS.index(parts[1]) if len(parts) > 2 or (len(parts) == 2 and parts[1] in FLOORS) else len(FLOORS)
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(p): service_imports(p) for p in SERVICE.rglob("*.py")}
+
+
+def test_every_service_import_runs_down_the_floors():
+    graph = import_graph()
+    assert {p.name for p in SERVICE.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(FLOORS)
+    assert graph["cropi_service.api.app"] >= {"cropi_service.domain.service"}  # the walk sees relative imports
+    upward = sorted(f"{m} -> {i}" for m, imports in graph.items() for i in imports if floor(i) > floor(m))
+    assert not upward, upward
+
+
+def test_the_service_imports_have_no_circles():
+    graph, state, circles = import_graph(), {}, []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = "open"
+        for i in sorted(graph.get(m, ())):
+            if state.get(i) == "open":
+                circles.append(path[path.index(i):] + [i] if i in path else [m, i])
+            elif i not in state:
+                visit(i, [*path, i])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not circles, circles
 
 
 def test_the_http_server_imports_no_torch():
-    code = ("import sys, services.api.app, services.entry.cli; "
+    code = ("import sys, cropi_service.api.app, cropi_service.entry.cli; "
             "print(sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out
@@ -21,9 +88,9 @@ def test_the_http_server_imports_no_torch():
 
 def test_builtin_job_kinds_are_the_library_functions():
     from cropi.pipeline.score import score_checkpoint
-    from services.jobs import kinds
-    from services.jobs.runner import DEFAULT_KINDS
-    from services.jobs.worker import resolve_target
+    from cropi_service.jobs import kinds
+    from cropi_service.jobs.runner import DEFAULT_KINDS
+    from cropi_service.jobs.worker import resolve_target
 
     assert set(DEFAULT_KINDS) == set(kinds.BUILTIN)
     for kind, target in DEFAULT_KINDS.items():
@@ -49,9 +116,9 @@ def test_serve_is_an_entry_point_of_the_service_package():
     for name, target in commands.items():
         module, _, attr = target.partition(":")
         assert module.startswith("cropi_service.")
-        main = getattr(importlib.import_module(module.replace("cropi_service", "services", 1)), attr)
+        main = getattr(importlib.import_module(module), attr)
         assert callable(main)
-    from services.entry.cli import build_parser
+    from cropi_service.entry.cli import build_parser
 
     # the README's `cropi serve --root ... --data-root ...`: the plugin gets argv from the command name on
     a = build_parser().parse_args(["serve", "--root", "/r", "--data-root", "/d"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal, Optional
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 K_POOL = 8
 K_VALIDATION = 32
@@ -75,6 +75,11 @@ class CollectOptions(BaseModel):
     # The default is part of every stored curriculum's resume key: raise it per run on a GPU (256 or more).
     batch_prompts: int = Field(32, gt=0, le=1 << 16, description="prompts generated (and committed) at once")
     engine: EngineOptions = Field(EngineOptions(), validation_alias=AliasChoices("engine", "backend_options"))
+
+    @model_validator(mode="after")
+    def _engine_fits_backend(self) -> "CollectOptions":
+        self.engine.for_backend(self.backend)  # refused here, before any work, not when the engine starts
+        return self
 
     def sampling(self, samples: int) -> SamplingConfig:
         return SamplingConfig(samples=samples, temperature=self.temperature, top_p=self.top_p,

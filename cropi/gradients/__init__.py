@@ -1,6 +1,17 @@
-"""POPI: off-policy policy gradients per prompt, projected."""
+"""POPI: off-policy policy gradients per prompt, projected.
 
-from cropi.gradients.computer import GradientComputer, GradientResult, LossOptions
-from cropi.gradients.popi import group_advantages, popi_loss
+``LossOptions`` is imported without torch (the service's HTTP process reads it); the
+computer and the loss are imported on first use.
+"""
 
-__all__ = ["GradientComputer", "GradientResult", "LossOptions", "group_advantages", "popi_loss"]
+from cropi.gradients.options import LossOptions
+from cropi.utils.lazy import lazy_exports
+
+_TORCH_PARTS = {
+    "GradientComputer": "cropi.gradients.computer",
+    "GradientResult": "cropi.gradients.computer",
+    "group_advantages": "cropi.gradients.popi",
+    "popi_loss": "cropi.gradients.popi",
+}
+__getattr__ = lazy_exports(__name__, _TORCH_PARTS)
+__all__ = ["LossOptions", *_TORCH_PARTS]

@@ -13,21 +13,11 @@ from typing import Protocol, Sequence
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
+from cropi.gradients.options import LossOptions
 from cropi.gradients.batching import build_micro_batch, plan_micro_batches
 from cropi.gradients.popi import effective_sample_size, group_advantages, popi_loss, sequence_log_weights
 from cropi.store.types import GradientRecord
-
-
-class LossOptions(BaseModel):
-    """How the POPI loss is formed; recorded in every gradient manifest."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    clip_eps: float | None = Field(None, gt=0, description="PPO ratio clip; None = unclipped (CROPI)")
-    token_budget: int = Field(8192, gt=0, description="padded tokens per micro-batch")
-    max_length: int | None = Field(None, gt=1, description="truncate sequences to this length")
 
 
 class Trajectories(Protocol):

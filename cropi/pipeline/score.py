@@ -23,82 +23,20 @@ Every step resumes, so rerunning a killed request continues where it stopped.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
-
-from cropi.contracts import NAME_HELP, NAME_PATTERN, POOL, SELECTED, is_name
+from cropi.contracts import POOL, SELECTED
 from cropi.data.prompts import load_prompts, prompts_fingerprint
 from cropi.errors import InvalidInputError, MismatchError, NotFoundError
-from cropi.generation import CollectOptions, make_backend
-from cropi.gradients import LossOptions
+from cropi.generation import make_backend
 from cropi.pipeline.collect import CollectJob, collect
 from cropi.pipeline.gradients import GradientJob, compute_gradients
 from cropi.pipeline.progress import Progress, report
-from cropi.pipeline.rank import RankingResult, RankRequest, rank, ranking_path
-from cropi.projection import ProjectionSpec
+from cropi.pipeline.rank import RankingResult, rank, ranking_path
+from cropi.pipeline.requests import ScoreRequest, ScoreResult, store_path
 from cropi.store import TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.hashing import short_hash
-
-Dtype = Literal["float16", "float32"]
-_RANK = RankRequest.model_fields  # ranking settings: the rank step's defaults and bounds
-
-
-class ScoreRequest(BaseModel):
-    """What to score and how. Old field names are accepted: ``spec`` for ``projection``,
-    ``top_fraction`` / ``fraction`` for ``select_fraction``, ``dtype`` for ``gradient_dtype``."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    name: Optional[str] = Field(None, pattern=NAME_PATTERN,
-                                description="checkpoint name in the store (default: derived from its content)")
-    model: str = Field(min_length=1, description="checkpoint to score (Hugging Face folder)")
-    pool: str = Field(min_length=1, description="prompt pool file (jsonl, parquet or verl parquet)")
-    validation: dict[str, str] = Field(default_factory=dict, description="validation set name -> prompt file "
-                                       "(ranking needs at least one)")
-    trajectories: Optional[dict[str, str]] = Field(None, description="split -> trajectory store; missing ones "
-                                                                     "are collected")
-    behavior: Optional[str] = Field(None, description="checkpoint that collects missing trajectories "
-                                                      "(default: the scored model)")
-    projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
-    loss: LossOptions = LossOptions()
-    collect: CollectOptions = CollectOptions()
-    fusion: Literal["rrf", "max"] = _RANK["fusion"]
-    select_fraction: float = Field(_RANK["select_fraction"].default, gt=0, le=1,
-                                   description=_RANK["select_fraction"].description,
-                                   validation_alias=AliasChoices("select_fraction", "top_fraction", "fraction"))
-    max_validation: int = _RANK["max_validation"]
-    seed: int = _RANK["seed"]
-    gradient_dtype: Dtype = Field("float16", description="stored vector dtype",
-                                  validation_alias=AliasChoices("gradient_dtype", "dtype"))
-    device: str = Field("auto", description="torch device for gradients ('auto': cuda when present)")
-
-    @field_validator("validation")
-    @classmethod
-    def _check_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for name in v:
-            if name == POOL or not is_name(name):
-                raise ValueError(f"validation set name {name!r} must be {NAME_HELP} and not {POOL!r}")
-        return v
-
-    @property
-    def splits(self) -> dict[str, str]:
-        """Split name -> prompt file: the pool first, then the validation sets."""
-        return {POOL: self.pool, **self.validation}
-
-
-class ScoreResult(BaseModel):
-    """What one scoring did and where its output lies."""
-
-    name: str = Field(description="checkpoint name in the store")
-    spec_id: str
-    trajectories: dict[str, str] = Field(description="split -> trajectory store used")
-    computed: dict[str, dict[str, int]] = Field(description="split -> gradient rows computed now, by status")
-    excluded: dict[str, int] = Field(description="pool prompts left unranked, by status")
-    ranked: int
-    selected: list[str] = Field(description="the selected pool prompts, best first")
-    ranking: str = Field(description="the stored ranking file (its 'selected' column is ``selected``)")
 
 
 def score_checkpoint(request: ScoreRequest, *, root: str | Path, progress: Progress | None = None) -> ScoreResult:
@@ -123,10 +61,6 @@ def score_checkpoint(request: ScoreRequest, *, root: str | Path, progress: Progr
 def selected_ids(result: RankingResult) -> list[str]:
     """The prompts the ranking selected, best first (the table is in rank order)."""
     return [p for p, s in zip(result.table["prompt_id"].to_pylist(), result.table[SELECTED].to_pylist()) if s]
-
-
-def store_path(root: str | Path) -> str:
-    return str(Path(root).resolve() / "store")
 
 
 # ---------------------------------------------------------------- trajectories

@@ -4,25 +4,23 @@
 over a model's parameter shapes. All randomness is counter-based hashing
 (``cropi.utils.hashing``), so equal specs give bit-identical subsets and
 matrices in every process and on every device.
+
+``ProjectionSpec`` is imported without torch (the service's HTTP process reads it);
+the projectors are imported on first use.
 """
 
-from cropi.projection.base import EmptySelectionError, Projector
-from cropi.projection.dense import DenseProjector
-from cropi.projection.factory import make_projector
-from cropi.projection.identity import IdentityLimitError, IdentityProjector
-from cropi.projection.inputs import ProjectionInputError
-from cropi.projection.sjlt import SJLTProjector
 from cropi.projection.spec import ProjectionSpec, SpecMismatchError
+from cropi.utils.lazy import lazy_exports
 
-__all__ = [
-    "DenseProjector",
-    "EmptySelectionError",
-    "IdentityLimitError",
-    "IdentityProjector",
-    "ProjectionInputError",
-    "ProjectionSpec",
-    "Projector",
-    "SJLTProjector",
-    "SpecMismatchError",
-    "make_projector",
-]
+_TORCH_PARTS = {
+    "DenseProjector": "cropi.projection.dense",
+    "EmptySelectionError": "cropi.projection.base",
+    "IdentityLimitError": "cropi.projection.identity",
+    "IdentityProjector": "cropi.projection.identity",
+    "ProjectionInputError": "cropi.projection.inputs",
+    "Projector": "cropi.projection.base",
+    "SJLTProjector": "cropi.projection.sjlt",
+    "make_projector": "cropi.projection.factory",
+}
+__getattr__ = lazy_exports(__name__, _TORCH_PARTS)
+__all__ = ["ProjectionSpec", "SpecMismatchError", *_TORCH_PARTS]

@@ -25,12 +25,19 @@ config is refused.
 
 from cropi.generation import CollectOptions
 from cropi.pipeline.curriculum.config import MAX_STAGES, METHODS, CurriculumConfig, CurriculumConfigError
-from cropi.pipeline.curriculum.demo_jobs import collect_jobs, collect_trajectories, gradient_jobs, scoring_splits
-from cropi.pipeline.curriculum.loop import run_curriculum
 from cropi.pipeline.curriculum.state import (STATE_VERSION, CurriculumConflictError, CurriculumPaths, StageState,
                                              load_state, summary)
-from cropi.pipeline.curriculum.steps import stage_seed
+from cropi.utils.lazy import lazy_exports
 
+# the steps import torch: imported on first use, so the config and state read without it (the service's HTTP side)
+_TORCH_PARTS = {
+    "collect_jobs": "cropi.pipeline.curriculum.demo_jobs",
+    "collect_trajectories": "cropi.pipeline.curriculum.demo_jobs",
+    "gradient_jobs": "cropi.pipeline.curriculum.demo_jobs",
+    "scoring_splits": "cropi.pipeline.curriculum.demo_jobs",
+    "run_curriculum": "cropi.pipeline.curriculum.loop",
+    "stage_seed": "cropi.pipeline.curriculum.steps",
+}
+__getattr__ = lazy_exports(__name__, _TORCH_PARTS)
 __all__ = ["MAX_STAGES", "METHODS", "STATE_VERSION", "CollectOptions", "CurriculumConfig", "CurriculumConfigError",
-           "CurriculumConflictError", "CurriculumPaths", "StageState", "collect_jobs", "collect_trajectories",
-           "gradient_jobs", "load_state", "run_curriculum", "scoring_splits", "stage_seed", "summary"]
+           "CurriculumConflictError", "CurriculumPaths", "StageState", "load_state", "summary", *_TORCH_PARTS]

@@ -12,7 +12,7 @@ from cropi.contracts import NAME_HELP, POOL, is_name
 from cropi.errors import InvalidInputError
 from cropi.generation import CollectOptions
 from cropi.gradients import LossOptions
-from cropi.pipeline.score import ScoreRequest
+from cropi.pipeline.requests import ScoreRequest
 from cropi.projection import ProjectionSpec
 from cropi.utils.hashing import short_hash
 

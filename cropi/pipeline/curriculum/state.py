@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cropi.errors import ConflictError
 from cropi.pipeline.curriculum.config import CurriculumConfig
+from cropi.pipeline.requests import store_path
 from cropi.utils.fsio import read_json, resolve, write_json_atomic
 
 STATE_VERSION = 1
@@ -23,7 +24,7 @@ class CurriculumPaths:
         self.root = Path(root).resolve()
         self.dir = self.root / "curricula" / name
         self.state = self.dir / "state.json"
-        self.store = str(self.root / "store")
+        self.store = store_path(self.root)
 
     def stage(self, m: int) -> Path:
         return self.dir / f"stage-{m}"

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .db import add_column, init, session, write_transaction
-from ..domain.errors import BusyError, JobFinishedError, JobRunningError, UnknownIdError
+from ..base.db import add_column, init, session, write_transaction
+from ..base.errors import BusyError, JobFinishedError, JobRunningError, UnknownIdError
 
 log = logging.getLogger(__name__)
 

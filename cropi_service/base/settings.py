@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ..domain.errors import ServiceConfigError
+from .errors import ServiceConfigError
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
@@ -94,11 +94,6 @@ class ServiceSettings(BaseSettings):
     @property
     def db_path(self) -> Path:
         return self.state_dir / "jobs.sqlite"
-
-    @property
-    def store(self) -> Path:
-        """The library's store (gradients, rankings, curriculum stages)."""
-        return self.root / "store"
 
     def check_bind(self) -> None:
         """Refuse to listen beyond loopback without a token."""

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..jobs.db import add_column, init, session
-from .errors import DuplicateNameError, UnknownIdError
+from ..base.db import add_column, init, session
+from ..base.errors import DuplicateNameError, UnknownIdError
+from .cache import NotLoaded
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
@@ -83,9 +84,16 @@ class Registry:
                                      "(GET /v1/datasets) or register under another name") from e
         return row
 
-    def dataset(self, dataset_id: str) -> DatasetRow:
-        if ("dataset", dataset_id) in self._cache:
-            return self._cache["dataset", dataset_id]
+    def _cached(self, kind: str, row_id: str, peek: bool) -> Any:
+        """A row read before, or None to read it; with ``peek`` NotLoaded instead of reading."""
+        row = self._cache.get((kind, row_id))
+        if row is None and peek:
+            raise NotLoaded((kind, row_id))
+        return row
+
+    def dataset(self, dataset_id: str, peek: bool = False) -> DatasetRow:
+        if (row := self._cached("dataset", dataset_id, peek)) is not None:
+            return row
         with session(self.db_path) as conn:
             row = conn.execute("SELECT * FROM datasets WHERE id = ?", (dataset_id,)).fetchone()
         if row is None:
@@ -115,9 +123,9 @@ class Registry:
                                (name, spec_id, inputs)).fetchone()
         return self.checkpoint(row["id"]) if row else None
 
-    def checkpoint(self, checkpoint_id: str) -> CheckpointRow:
-        if ("checkpoint", checkpoint_id) in self._cache:
-            return self._cache["checkpoint", checkpoint_id]
+    def checkpoint(self, checkpoint_id: str, peek: bool = False) -> CheckpointRow:
+        if (row := self._cached("checkpoint", checkpoint_id, peek)) is not None:
+            return row
         with session(self.db_path) as conn:
             row = conn.execute("SELECT * FROM checkpoints WHERE id = ?", (checkpoint_id,)).fetchone()
         if row is None:
@@ -126,15 +134,6 @@ class Registry:
         d["validation"] = json.loads(d["validation"])
         return self._cache.setdefault(("checkpoint", checkpoint_id), CheckpointRow(**d))
 
-    def cached_checkpoint(self, checkpoint_id: str) -> CheckpointRow | None:
-        """The checkpoint row if it was read before (no database access), else None."""
-        return self._cache.get(("checkpoint", checkpoint_id))
-
-    def cached_dataset_names(self, dataset_ids: list[str]) -> set[str]:
-        """Names of those of ``dataset_ids`` read before (no database access)."""
-        rows = (self._cache.get(("dataset", d)) for d in dataset_ids)
-        return {r.name for r in rows if r is not None}
-
     # curricula
 
     def add_curriculum(self, row: CurriculumRow) -> None:
@@ -142,8 +141,8 @@ class Registry:
             conn.execute("INSERT INTO curricula VALUES (?, ?, ?, ?)", (row.id, row.name, row.job_id, row.created))
 
     def curriculum(self, curriculum_id: str) -> CurriculumRow:
-        if ("curriculum", curriculum_id) in self._cache:
-            return self._cache["curriculum", curriculum_id]
+        if (row := self._cached("curriculum", curriculum_id, False)) is not None:
+            return row
         with session(self.db_path) as conn:
             row = conn.execute("SELECT * FROM curricula WHERE id = ?", (curriculum_id,)).fetchone()
         if row is None:

@@ -1,6 +1,6 @@
 """What the HTTP side reads from cropi: prompt counts, projection spec ids, stored rankings and
 gradients, curriculum stages. Only torch-free parts of the library are imported here (the server
-starts in about a second); the jobs run in worker processes (``services.jobs.kinds``).
+starts in about a second); the jobs run in worker processes (``jobs.kinds``).
 
 Results come back as the library's own types: ``cropi.pipeline.rank.RankingResult`` and
 ``cropi.store.GradientTable``.
@@ -12,15 +12,15 @@ import os
 from pathlib import Path
 from typing import Any, Hashable, Protocol
 
+from cropi.contracts import POOL
 from cropi.data.prompts import load_prompts
 from cropi.errors import InvalidInputError, NotFoundError
 from cropi.pipeline.rank import RankingResult, load_ranking, ranking_path
+from cropi.pipeline.requests import store_path
 from cropi.store import GradientStore, GradientTable, PartCache, SplitReader
 
-from ..api.schemas import Projection
-from ..jobs.params import spec_id
-
-POOL_SPLIT = "pool"  # the store split name the scoring job gives the pool
+from ..options.caller import Projection
+from ..options.params import spec_id
 
 
 class StageData(Protocol):
@@ -48,11 +48,6 @@ class Library(Protocol):
     def curriculum_stages(self, name: str, result: dict[str, Any] | None) -> list[dict[str, Any]]: ...
 
 
-def store_of(root: str | os.PathLike) -> str:
-    """The library's store under the service root."""
-    return str(Path(root) / "store")
-
-
 def file_stamp(path: str | os.PathLike) -> tuple | None:
     """(size, mtime_ns, inode) of a file: changes when it is rewritten or edited in place."""
     try:
@@ -76,7 +71,7 @@ class CropiLibrary:
 
     def __init__(self, root: str | os.PathLike, part_cache_bytes: int = 0):
         self.root = str(root)
-        self.store = store_of(root)
+        self.store = store_path(root)
         # verified record batches of every split, one budget for all (the server's gradient memory)
         self.parts = PartCache(part_cache_bytes)
 
@@ -87,11 +82,11 @@ class CropiLibrary:
         return spec_id(projection)
 
     def ranking_version(self, name: str, spec_id: str) -> Hashable | None:
-        _, path = ranking_path(self.store, name, spec_id, POOL_SPLIT)
+        _, path = ranking_path(self.store, name, spec_id, POOL)
         return file_stamp(path)
 
     def ranking(self, name: str, spec_id: str) -> RankingResult:
-        return load_ranking(self.store, name, pool=POOL_SPLIT, spec_id=spec_id)
+        return load_ranking(self.store, name, pool=POOL, spec_id=spec_id)
 
     def gradients_version(self, name: str, spec_id: str, split: str) -> Hashable | None:
         split_ = GradientStore(self.store).open_split(name, spec_id, split)

@@ -1,4 +1,8 @@
-"""The v1 HTTP routes: thin wrappers over ``Service``."""
+"""The v1 HTTP routes: thin wrappers over ``Service``.
+
+Each route's contract (path, parameters and their bounds) is its signature here. The two hot reads
+keep their body in a reader (``HOT_READS``) that the route calls and the fast path (middleware
+``HotPaths``) calls too, after validating the request against the same signature."""
 
 from __future__ import annotations
 
@@ -8,9 +12,12 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import FileResponse
 
 import cropi
-from . import schemas as models
+from cropi.contracts import NAME_MAX
+
 from ..domain.service import Service, job_view
 from ..domain.views import ARROW_STREAM
+from ..options.requests import ID_MAX, CheckpointCreate, CurriculumCreate, DatasetCreate
+from . import schemas as models
 
 ERRORS = {status: {"model": models.ErrorResponse, "description": what} for status, what in {
     400: "bad input", 401: "missing or wrong token", 403: "a path outside the data roots",
@@ -21,7 +28,7 @@ ARROW_RESPONSE = {"content": {"application/json": {}, ARROW_STREAM: {"schema": {
 PARQUET = "application/vnd.apache.parquet"
 
 router = APIRouter(responses=ERRORS)
-Id = Annotated[str, Path(min_length=1, max_length=64)]
+Id = Annotated[str, Path(min_length=1, max_length=ID_MAX)]
 
 
 def service(request: Request) -> Service:
@@ -53,7 +60,7 @@ def metrics(request: Request) -> Response:
 # datasets
 
 @router.post("/v1/datasets", status_code=201, response_model=models.Dataset, tags=["datasets"])
-def create_dataset(body: models.DatasetCreate, request: Request) -> dict:
+def create_dataset(body: DatasetCreate, request: Request) -> dict:
     """Register a prompt pool or a validation set by path (the file must load)."""
     return vars(service(request).add_dataset(body))
 
@@ -71,7 +78,7 @@ def get_dataset(dataset_id: Id, request: Request) -> dict:
 # checkpoints and jobs
 
 @router.post("/v1/checkpoints", status_code=202, response_model=models.CheckpointCreated, tags=["checkpoints"])
-def create_checkpoint(body: models.CheckpointCreate, request: Request) -> dict:
+def create_checkpoint(body: CheckpointCreate, request: Request) -> dict:
     """Register a checkpoint and start its scoring job; answers at once with the job id."""
     row = service(request).add_checkpoint(body, caller(request))
     return {"id": row.id, "job_id": row.job_id}
@@ -94,24 +101,41 @@ def cancel_job(job_id: Id, request: Request) -> dict:
     return job_view(service(request).runner.cancel(job_id))
 
 
+def respond(answer: tuple[bytes, str]) -> Response:
+    body, media_type = answer
+    return Response(body, media_type=media_type)
+
+
+def read_ranking(svc: Service, checkpoint_id: str, offset: int, limit: int, validation: str | None,
+                 peek: bool = False) -> tuple[bytes, str]:
+    return svc.ranking_page(checkpoint_id, offset, limit, validation, peek), "application/json"
+
+
+def read_gradient(svc: Service, checkpoint_id: str, prompt_id: str, split: str | None, accept: str | None,
+                  peek: bool = False) -> tuple[bytes, str]:
+    return svc.gradients(checkpoint_id, [prompt_id], split, wants_arrow(accept), peek)
+
+
+HOT_READS = {"get_ranking": read_ranking, "get_gradient": read_gradient}  # route name -> its reader
+
+
 @router.get("/v1/checkpoints/{checkpoint_id}/ranking", response_model=models.RankingPage, tags=["checkpoints"])
 def get_ranking(checkpoint_id: Id, request: Request,
                 offset: Annotated[int, Query(ge=0, le=models.OFFSET_MAX)] = 0,
                 limit: Annotated[int, Query(ge=1, le=models.PAGE_MAX)] = models.PAGE_DEFAULT,
-                validation: Annotated[str | None, Query(max_length=models.NAME_MAX, description="sort by this validation set's "
+                validation: Annotated[str | None, Query(max_length=NAME_MAX, description="sort by this validation set's "
                                                         "score instead of the fused score")] = None) -> Response:
     """A page of the ranked pool, best first, with counts of excluded prompts by status."""
-    return Response(service(request).ranking_page(checkpoint_id, offset, limit, validation),
-                    media_type="application/json")
+    return respond(read_ranking(service(request), checkpoint_id, offset, limit, validation))
 
 
 @router.get("/v1/checkpoints/{checkpoint_id}/gradients/{prompt_id:path}", response_model=models.GradientBatch,
             tags=["gradients"], responses={200: ARROW_RESPONSE})
-def get_gradient(checkpoint_id: Id, prompt_id: Annotated[str, Path(max_length=1024)], request: Request,
-                 split: Annotated[str | None, Query(max_length=models.NAME_MAX, description="default: the pool")] = None,
+def get_gradient(checkpoint_id: Id, prompt_id: Annotated[str, Path(max_length=models.PROMPT_ID_MAX)], request: Request,
+                 split: Annotated[str | None, Query(max_length=NAME_MAX, description="default: the pool")] = None,
                  accept: Annotated[str | None, Header()] = None):
     """One prompt's stored projected gradient with its metadata."""
-    return _gradients(service(request), checkpoint_id, [prompt_id], split, accept)
+    return respond(read_gradient(service(request), checkpoint_id, prompt_id, split, accept))
 
 
 @router.post("/v1/checkpoints/{checkpoint_id}/gradients:batch", response_model=models.GradientBatch,
@@ -119,24 +143,13 @@ def get_gradient(checkpoint_id: Id, prompt_id: Annotated[str, Path(max_length=10
 def get_gradients(checkpoint_id: Id, body: models.GradientBatchRequest, request: Request,
                   accept: Annotated[str | None, Header()] = None):
     """Several prompts' stored projected gradients, in the order asked."""
-    return _gradients(service(request), checkpoint_id, body.prompt_ids, body.split, accept)
-
-
-def _gradients(svc: Service, checkpoint_id: str, prompt_ids: list[str], split: str | None, accept: str | None):
-    row, view = svc.gradient_view(checkpoint_id, split)
-    arrow = wants_arrow(accept)
-    svc.check_response_size(view, len(prompt_ids), arrow)
-    with svc.heavy_slot(len(prompt_ids)):
-        rows = view.rows(prompt_ids)
-        if arrow:
-            return Response(view.arrow_stream(rows), media_type=ARROW_STREAM)
-        return Response(svc.gradient_body(row, view, rows, split), media_type="application/json")
+    return respond(service(request).gradients(checkpoint_id, body.prompt_ids, body.split, wants_arrow(accept)))
 
 
 # curricula
 
 @router.post("/v1/curricula", status_code=202, response_model=models.CurriculumCreated, tags=["curricula"])
-def create_curriculum(body: models.CurriculumCreate, request: Request) -> dict:
+def create_curriculum(body: CurriculumCreate, request: Request) -> dict:
     """Start a staged CROPI curriculum (score, select, train, repeat)."""
     row = service(request).add_curriculum(body, caller(request))
     return {"id": row.id, "job_id": row.job_id}

@@ -1,4 +1,4 @@
-"""ASGI middleware: request log and metrics, bearer-token auth, request body size limit."""
+"""ASGI middleware: request log and metrics, bearer-token auth, request body size limit, the hot reads."""
 
 from __future__ import annotations
 
@@ -6,14 +6,16 @@ import hashlib
 import hmac
 import json
 import logging
-import re
 import time
 from typing import Any, Awaitable, Callable
-from urllib.parse import parse_qsl
 
-from ..domain.errors import BodyTooLargeError, UnauthorizedError
+from fastapi.dependencies.utils import request_params_to_args
+from fastapi.routing import APIRoute
+from starlette.datastructures import Headers, QueryParams
+from starlette.routing import Match
+
+from ..base.errors import BodyTooLargeError, UnauthorizedError
 from .metrics import Metrics
-from .schemas import NAME_MAX, OFFSET_MAX, PAGE_DEFAULT, PAGE_MAX
 
 log = logging.getLogger(__name__)
 
@@ -142,48 +144,23 @@ class BodyLimit:
         await send_error(send, err.http_status, err.code, str(err), [(b"connection", b"close")])
 
 
-_RANKING = re.compile(r"/v1/checkpoints/([^/]{1,64})/ranking")
-_GRADIENT = re.compile(r"/v1/checkpoints/([^/]{1,64})/gradients/(.{1,1024})", re.DOTALL)
-_DIGITS = re.compile(r"[0-9]{1,10}")
-_ARROW = b"application/vnd.apache.arrow.stream"
-
-
-def _simple_query(raw: bytes, allowed: frozenset[str]) -> dict[str, str] | None:
-    """The query as a dict when every key is in ``allowed``, given once and with a non-empty value; else None."""
-    if not raw:
-        return {}
-    out: dict[str, str] = {}
-    for k, v in parse_qsl(raw.decode("latin-1"), keep_blank_values=True):  # as starlette parses it
-        if k not in allowed or k in out or not v:
-            return None
-        out[k] = v
-    return out
-
-
-def _bounded_int(value: str | None, default: int, lo: int, hi: int) -> int | None:
-    if value is None:
-        return default
-    if not _DIGITS.fullmatch(value):
-        return None
-    n = int(value)
-    return n if lo <= n <= hi else None
-
-
 class HotPaths:
-    """Answers the two hot reads, a ranking page and a single gradient lookup as JSON, straight from
-    the service's memory when everything they need is loaded and fresh (``Service.peek_*``).
+    """Answers the hot reads (a ranking page, a single gradient lookup) straight from the service's
+    memory when everything they need is loaded and fresh.
 
-    Only plain, valid requests are taken (GET, known query fields each given once with values the
-    route accepts, no Arrow ``Accept``); the body is made by the same code as the route's, and the
-    route object is put in the scope as the router does, so logs and metrics name the route. Any
-    other request, anything not in memory (or a version stamp due for a look at the disk) and any
-    error goes to the full FastAPI route, which validates, loads and reports as before. The
-    FastAPI request machinery (parameter validation, threadpool hop) costs more than the read itself.
+    Each is taken under its route's own contract: the router's path pattern matches, FastAPI's
+    parameter validation checks the route's declared path, query and header parameters, and the
+    route's reader (``routes.HOT_READS``) makes the body with ``peek=True``, which raises at the first
+    step that would read the database or the disk. Then, and for any invalid request or any error,
+    the full FastAPI route answers, validating, loading and reporting as before. What is skipped is
+    FastAPI's request machinery (dependency solving, the threadpool hop), which costs more than the
+    read itself. The route object is put in the scope as the router does, so logs and metrics name it.
     """
 
-    def __init__(self, app: ASGIApp, service: Any, routes: dict[str, Any], enabled: bool = True):
+    def __init__(self, app: ASGIApp, service: Any, routes: list, readers: dict[str, Callable[..., tuple[bytes, str]]],
+                 enabled: bool = True):
         self.app, self.service, self.enabled = app, service, enabled
-        self.ranking_route, self.gradient_route = routes.get("get_ranking"), routes.get("get_gradient")
+        self.hot = [(r, readers[r.name]) for r in routes if isinstance(r, APIRoute) and r.name in readers]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.enabled and scope["type"] == "http" and scope["method"] == "GET" and not scope.get("root_path"):
@@ -192,38 +169,28 @@ class HotPaths:
             except Exception:  # noqa: BLE001 - the full route answers (and reports) whatever went wrong
                 hit = None
             if hit is not None:
-                route, body = hit
+                route, (body, media_type) = hit
                 scope["route"] = route
                 await send({"type": "http.response.start", "status": 200,
                             "headers": [(b"content-length", str(len(body)).encode()),
-                                        (b"content-type", b"application/json")]})
+                                        (b"content-type", media_type.encode())]})
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
 
-    def _answer(self, scope: Scope) -> tuple[Any, bytes] | None:
-        path = scope["path"]
-        if "\n" in path or "\r" in path or not path.startswith("/v1/checkpoints/"):
-            return None
-        m = _RANKING.fullmatch(path)
-        if m is not None and self.ranking_route is not None:
-            q = _simple_query(scope.get("query_string", b""), frozenset({"offset", "limit", "validation"}))
-            if q is None:
-                return None
-            offset = _bounded_int(q.get("offset"), 0, 0, OFFSET_MAX)  # the route's bounds (schemas.py)
-            limit = _bounded_int(q.get("limit"), PAGE_DEFAULT, 1, PAGE_MAX)
-            validation = q.get("validation")
-            if offset is None or limit is None or (validation is not None and len(validation) > NAME_MAX):
-                return None
-            body = self.service.peek_ranking_page(m.group(1), offset, limit, validation)
-            return (self.ranking_route, body) if body is not None else None
-        m = _GRADIENT.fullmatch(path)
-        if m is not None and self.gradient_route is not None:
-            q = _simple_query(scope.get("query_string", b""), frozenset({"split"}))
-            if q is None or len(q.get("split", "")) > NAME_MAX:
-                return None
-            if any(k == b"accept" and _ARROW in v for k, v in scope["headers"]):
-                return None
-            body = self.service.peek_gradient_json(m.group(1), m.group(2), q.get("split"))
-            return (self.gradient_route, body) if body is not None else None
+    def _answer(self, scope: Scope) -> tuple[APIRoute, tuple[bytes, str]] | None:
+        for route, read in self.hot:
+            match, child = route.matches(scope)
+            if match is not Match.FULL:
+                continue
+            given = ((route.dependant.path_params, child["path_params"]),
+                     (route.dependant.query_params, QueryParams(scope.get("query_string", b""))),
+                     (route.dependant.header_params, Headers(scope=scope)))
+            values: dict[str, Any] = {}
+            for fields, received in given:
+                got, errors = request_params_to_args(fields, received)
+                if errors:
+                    return None
+                values.update(got)
+            return route, read(self.service, **values, peek=True)
         return None

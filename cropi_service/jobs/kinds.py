@@ -11,12 +11,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from cropi.contracts import POOL
 from cropi.pipeline.curriculum import run_curriculum
 from cropi.pipeline.rank import load_ranking
+from cropi.pipeline.requests import store_path
 from cropi.pipeline.score import ScoreRequest, score_checkpoint
 
-from ..domain.store import POOL_SPLIT, store_of
-from .params import curriculum_config, scoring_request
+from ..options.params import curriculum_config, scoring_request
 
 Progress = Callable[[str, int, int], None]
 
@@ -31,7 +32,7 @@ def scoring_job(params: dict[str, Any], *, root: str, progress: Progress) -> dic
     request = scoring_request(params)
     result = score(request, root, progress)
     spec_id = request.projection.spec_id
-    ranking = load_ranking(store_of(root), request.name, pool=POOL_SPLIT, spec_id=spec_id)
+    ranking = load_ranking(store_path(root), request.name, pool=POOL, spec_id=spec_id)
     return {**_jsonable(result), "spec_id": ranking.meta.get("spec_id", spec_id),
             "prompts_scored": ranking.table.num_rows}
 

@@ -1,6 +1,6 @@
 """The job runner: claims queued jobs and runs each attempt away from the server process.
 
-One loop (a thread in the server, or the whole process of ``python -m services worker``)
+One loop (a thread in the server, or the whole process of ``python -m cropi_service worker``)
 claims jobs up to its slot count, starts each attempt through a launcher (a local worker
 process, or a Ray task when ``ray_address`` is set), writes heartbeats, stops attempts whose
 job was cancelled, and queues again the jobs whose worker died without a word (counting the
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..entry.settings import ServiceSettings
+from ..base.settings import ServiceSettings
 from .names import RunnerName
 from .table import Job, JobStore, QueueLimits
 from .worker import BUILTIN_TARGET, execute_job
@@ -96,7 +96,7 @@ class ProcessLauncher:
 
 
 class RayLauncher:
-    """Each attempt is a Ray task running ``services.worker.execute_job`` (root must be shared storage)."""
+    """Each attempt is a Ray task running ``jobs.worker.execute_job`` (root must be shared storage)."""
 
     def __init__(self, root: Path, address: str, num_gpus: float = 0.0):
         import ray  # optional dependency, imported only when a Ray address is configured

@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attempt", required=True, type=int)
     p.add_argument("--parent", type=int, default=None, help="runner pid: die when it dies")
     a = p.parse_args(argv)
-    from ..entry.logs import configure_logging
+    from ..base.logs import configure_logging
 
     configure_logging()
     if a.parent is not None:

@@ -19,15 +19,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cropi.contracts import GRADIENT_META_COLUMNS, GRADIENT_OPTIONAL_COLUMNS
+from cropi.contracts import GRADIENT_META_COLUMNS, GRADIENT_OPTIONAL_COLUMNS, SCORE_PREFIX
 from cropi.errors import InvalidInputError
 from cropi.pipeline.rank import RankingResult
 from cropi.store import GradientTable
 
-from .cache import ByteLRU
-from .errors import UnknownIdError
+from .cache import ByteLRU, NotLoaded
+from ..base.errors import UnknownIdError
 
-SCORE_PREFIX = "score:"
 FUSED = "fused"
 ENCODE_ROWS = 65536
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -131,17 +130,15 @@ class RankingView:
         rank = self.table["rank"].to_numpy()
         return self.table.take(np.lexsort((rank, -score)))
 
-    def page_json(self, order: str, offset: int, limit: int) -> bytes:
-        """Rows ``offset .. offset+limit`` of ``order``, as a JSON array of API records."""
-        fragments = self._encoded(order)
-        return b"[" + b",".join(fragments[offset:offset + limit]) + b"]"
-
-    def encoded_page_json(self, order: str, offset: int, limit: int) -> bytes | None:
-        """``page_json(...)`` when ``order`` is encoded already, else None; never waits on the lock (an
-        encoding of another order under way must not hold up the event loop)."""
+    def page_json(self, order: str, offset: int, limit: int, peek: bool = False) -> bytes:
+        """Rows ``offset .. offset+limit`` of ``order``, as a JSON array of API records. With ``peek``,
+        NotLoaded unless ``order`` is encoded already: never waits on the lock (an encoding of another
+        order under way must not hold up the event loop)."""
         fragments = self._fragments.get(order)  # set whole, once encoded
         if fragments is None:
-            return None
+            if peek:
+                raise NotLoaded(order)
+            fragments = self._encoded(order)
         return b"[" + b",".join(fragments[offset:offset + limit]) + b"]"
 
     def _encoded(self, order: str) -> list[bytes]:
@@ -198,21 +195,22 @@ class GradientView:
                                  + "; GET the ranking for the ids this split holds")
         return list(prompt_ids)
 
-    def records_json(self, prompt_ids: list[str]) -> bytes:
-        """A JSON array of records (metadata fields and the vector) for ``prompt_ids``, in that order."""
+    def records_json(self, prompt_ids: list[str], peek: bool = False) -> bytes:
+        """A JSON array of records (metadata fields and the vector) for ``prompt_ids``, in that order.
+        With ``peek``, NotLoaded unless that needs no read from disk."""
         done = {p: b for p in dict.fromkeys(prompt_ids) if (b := self.rendered.get((self._token, p))) is not None}
         todo = [p for p in dict.fromkeys(prompt_ids) if p not in done]
         if todo:
-            done |= self._render_table(self.source.take(todo))
+            done |= self._render_table(self._take(todo, peek))
         return b"".join((b"[", b",".join([done[p] for p in prompt_ids]), b"]"))  # joins: one copy each
 
-    def cached_record_json(self, prompt_id: str) -> bytes | None:
-        """The record of ``prompt_id`` rendered, when that needs no read from disk; else None."""
-        body = self.rendered.get((self._token, prompt_id))
-        if body is None:
-            table = self.source.cached([prompt_id])
-            body = self._render_table(table)[prompt_id] if table is not None else None
-        return body
+    def _take(self, prompt_ids: list[str], peek: bool) -> Any:
+        if not peek:
+            return self.source.take(prompt_ids)
+        table = self.source.cached(prompt_ids)
+        if table is None:
+            raise NotLoaded(prompt_ids[0])
+        return table
 
     def _render_table(self, table: Any) -> dict[str, bytes]:
         columns = {c: _pylist(table.columns[c]) for c in GRADIENT_META_COLUMNS if c in table.columns}
@@ -230,10 +228,10 @@ class GradientView:
             out[pid] = self.rendered.put((self._token, pid), body)
         return out
 
-    def arrow_stream(self, prompt_ids: list[str]) -> bytes:
+    def arrow_stream(self, prompt_ids: list[str], peek: bool = False) -> bytes:
         """An Arrow IPC stream: prompt_id, vector (fixed-size list in the stored dtype), metadata columns,
         and ``ess``, ``ess_fraction`` (float64, null where unknown) when the split was stored with them."""
-        data = self.source.take(list(prompt_ids))
+        data = self._take(list(prompt_ids), peek)
         vecs = np.ascontiguousarray(data.vectors)
         cols = {"prompt_id": pa.array(list(data.prompt_ids), pa.string()),
                 "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs.reshape(-1)), self.dim)}

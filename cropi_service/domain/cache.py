@@ -1,4 +1,4 @@
-"""A small in-memory cache whose entries are valid only for the version token they were loaded with."""
+"""In-memory caches: entries valid only for the version token they were loaded with, and bytes by LRU."""
 
 from __future__ import annotations
 
@@ -7,6 +7,10 @@ from collections import OrderedDict
 from typing import Callable, Generic, Hashable, TypeVar
 
 V = TypeVar("V")
+
+
+class NotLoaded(Exception):
+    """A read asked to use only what is in memory (``peek``) met something it would have to load."""
 
 
 class VersionedCache(Generic[V]):
@@ -43,10 +47,12 @@ class VersionedCache(Generic[V]):
                     self._entries.popitem(last=False)
             return value
 
-    def peek(self, key: Hashable, token: Hashable) -> V | None:
-        """The value cached under ``key`` for an equal ``token``, or None; never loads."""
+    def peek(self, key: Hashable, token: Hashable) -> V:
+        """The value cached under ``key`` for an equal ``token``; never loads (NotLoaded instead)."""
         hit = self._lookup(key, token)
-        return hit[0] if hit is not None else None
+        if hit is None:
+            raise NotLoaded(key)
+        return hit[0]
 
     def _lookup(self, key: Hashable, token: Hashable) -> tuple[V] | None:
         with self._lock:

@@ -17,17 +17,19 @@ from typing import Any, Callable, Hashable, Iterator, TypeVar
 
 import pyarrow as pa
 
+from cropi.contracts import POOL
 from cropi.errors import CorruptDataError, CropiError, InvalidInputError
-from ..api import schemas as models
-from .cache import ByteLRU, VersionedCache
-from .errors import BusyError, NotReadyError, RankingConflictError, ResponseTooLargeError, UnknownIdError
-from ..jobs.table import Job, JobStore
-from .store import POOL_SPLIT, Library
-from ..jobs.params import CurriculumParams, ScoringParams
-from .paths import confine
-from .registry import CheckpointRow, CurriculumRow, DatasetRow, Registry, new_id
+
+from ..base.errors import BusyError, NotReadyError, RankingConflictError, ResponseTooLargeError, UnknownIdError
+from ..base.paths import confine
+from ..base.settings import ServiceSettings
 from ..jobs.runner import Runner
-from ..entry.settings import ServiceSettings
+from ..jobs.table import Job, JobStore
+from ..options.params import CurriculumParams, ScoringParams
+from ..options.requests import CheckpointCreate, CurriculumCreate, DatasetCreate
+from .cache import ByteLRU, NotLoaded, VersionedCache
+from .library import Library
+from .registry import CheckpointRow, CurriculumRow, DatasetRow, Registry, new_id
 from .views import ARROW_STREAM, FUSED, GradientView, RankingView, record_bytes_bound
 
 V = TypeVar("V")
@@ -66,7 +68,7 @@ class Service:
 
     # datasets
 
-    def add_dataset(self, body: models.DatasetCreate) -> DatasetRow:
+    def add_dataset(self, body: DatasetCreate) -> DatasetRow:
         path = self.confine(body.path)
         if not path.is_file() and not path.is_dir():
             raise InvalidInputError(f"no prompt file at {body.path!r} (resolved to {str(path)!r}): "
@@ -94,7 +96,7 @@ class Service:
             if v.kind != "validation":
                 raise InvalidInputError(f"dataset {v.id} ({v.name!r}) is a {v.kind} set; `validation` needs "
                                         "datasets registered with kind=validation")
-            if v.name in (POOL_SPLIT, FUSED):
+            if v.name in (POOL, FUSED):
                 raise InvalidInputError(f"a validation set may not be named {v.name!r} (reserved for the pool's "
                                         "split and the fused order): register it under another name")
         # paths were confined at registration; confine again in case the roots changed since
@@ -104,13 +106,13 @@ class Service:
 
     # checkpoints
 
-    def add_checkpoint(self, body: models.CheckpointCreate, caller: str | None = None) -> CheckpointRow:
+    def add_checkpoint(self, body: CheckpointCreate, caller: str | None = None) -> CheckpointRow:
         model = self.confine(body.path)
         if not model.is_dir():
             raise InvalidInputError(f"no model folder at {body.path!r} (resolved to {str(model)!r}): a checkpoint "
                                     "is a Hugging Face model directory on the service's machine")
         pool, validation = self._datasets(body.pool, body.validation)
-        splits = {POOL_SPLIT: POOL_SPLIT, pool.name: POOL_SPLIT, **{v.name: v.name for v in validation}}
+        splits = {POOL: POOL, pool.name: POOL, **{v.name: v.name for v in validation}}
         trajectories = None
         if body.trajectories is not None:
             unknown = sorted(set(body.trajectories) - set(splits))
@@ -119,9 +121,11 @@ class Service:
                                         f"{sorted(set(splits))}")
             trajectories = {splits[k]: str(self.confine(v)) for k, v in body.trajectories.items()}
         spec_id = self.library.projection_spec_id(body.projection)
-        params = ScoringParams(roots=self._roots(), name=body.name, model=str(model), pool=pool.path,
-                               validation={v.name: v.path for v in validation}, trajectories=trajectories,
-                               projection=body.projection, options=body.options).model_dump(exclude_none=True)
+        job_params = ScoringParams(roots=self._roots(), name=body.name, model=str(model), pool=pool.path,
+                                   validation={v.name: v.path for v in validation}, trajectories=trajectories,
+                                   projection=body.projection, options=body.options)
+        job_params.library_request()  # the library judges the whole request now, not when the job starts
+        params = job_params.model_dump(exclude_none=True)
         # the store keeps one ranking per (name, spec): scoring it again from other inputs would
         # silently replace what the earlier checkpoint id serves, so that is refused
         inputs = digest({k: v for k, v in params.items() if k != "roots"})
@@ -142,98 +146,125 @@ class Service:
         return {"id": row.id, "name": row.name, "path": row.path, "pool": row.pool, "validation": row.validation,
                 "spec_id": row.spec_id, "job": job_view(self.jobs.get(row.job_id)), "created": row.created}
 
-    def _succeeded(self, job_id: str, what: str) -> Job:
-        job = self._done.get(job_id) or self.jobs.get(job_id)
-        if job.state == "succeeded":
-            self._done[job_id] = job  # final: a succeeded job never changes, so it is read once
-        else:
+    def _succeeded(self, job_id: str, what: str, peek: bool = False) -> Job:
+        job = self._done.get(job_id)
+        if job is not None:
+            return job
+        if peek:
+            raise NotLoaded(job_id)
+        job = self.jobs.get(job_id)
+        if job.state != "succeeded":
             detail = f": {job.error['message']}" if job.error else ""
             raise NotReadyError(f"{what} is not available: its job {job.id} is {job.state}{detail}. "
                                 f"Poll GET /v1/jobs/{job.id}" + ("" if job.state in ("queued", "running")
                                                                else " and POST the checkpoint again"))
+        self._done[job_id] = job  # final: a succeeded job never changes, so it is read once
         return job
 
-    # rankings
+    # reads. With ``peek``, a read uses only what is in memory and fresh, and raises NotLoaded at the
+    # first step that would read the database or the disk (the fast path then hands the request to
+    # the full route); the steps are the same either way.
 
-    def ranking_view(self, row: CheckpointRow) -> RankingView:
-        job = self._succeeded(row.job_id, f"the ranking of checkpoint {row.id}")
-        key = (row.name, row.spec_id)
-        token = self._version(key, lambda: self.library.ranking_version(row.name, row.spec_id))
-        token = token or self._job_token(row, job)
-        return self.rankings.get(key, token, lambda: self._load(
-            f"the stored ranking of checkpoint {row.id} ({row.name}, spec {row.spec_id})",
-            lambda: RankingView(self.library.ranking(row.name, row.spec_id))))
-
-    def _version(self, key: Hashable, stamp: Callable[[], Hashable | None]) -> Hashable | None:
+    def _version(self, key: Hashable, stamp: Callable[[], Hashable | None], peek: bool = False) -> Hashable | None:
         """The stored version of ``key``, looked at most every ``version_ttl_s``: a file changed on disk
         is noticed within that time and read (and verified) again."""
         now = time.monotonic()
         seen = self._versions.get(key)
         if seen is not None and now - seen[0] < self.settings.version_ttl_s:
             return seen[1]
+        if peek:
+            raise NotLoaded(key)
         token = stamp()
         self._versions[key] = (now, token)
         return token
 
-    @staticmethod
-    def _load(what: str, load: Callable[[], V]) -> V:
-        """``load()``, with a store that cannot be read reported as such (never a bare 500)."""
-        try:
-            return load()
-        except CropiError:
-            raise
-        except (OSError, ValueError, KeyError, pa.ArrowException) as e:
-            raise CorruptDataError(f"{what} cannot be read ({type(e).__name__}: {e}); the file changed or was "
-                                   "damaged on disk: score the checkpoint again") from e
-
-    def _job_token(self, row: CheckpointRow, job: Job) -> Hashable:
-        # without a stored file to stat, the newest successful scoring of (name, spec) names the version
+    def _token(self, key: Hashable, stamp: Callable[[], Hashable | None], row: CheckpointRow, job: Job,
+               peek: bool) -> Hashable:
+        """``_version``, or without a stored file to stat, the newest successful scoring of (name, spec)."""
+        token = self._version(key, stamp, peek)
+        if token:
+            return token
+        if peek:  # versioned by the job table, which is not in memory
+            raise NotLoaded(key)
         latest = self.jobs.latest_succeeded(scoring_key(row.name, row.spec_id)) or job
         return ("job", latest.id, latest.updated)
 
-    def ranking_page(self, checkpoint_id: str, offset: int, limit: int, validation: str | None) -> bytes:
-        """A ``RankingPage`` as JSON bytes (the items come pre-encoded from the view)."""
-        row = self.registry.checkpoint(checkpoint_id)
-        view = self.ranking_view(row)
-        return self._ranking_body(row, view, validation or FUSED, offset, limit)
+    @staticmethod
+    def _load(what: str, load: Callable[[], V]) -> Callable[[], V]:
+        """``load``, with a store that cannot be read reported as such (never a bare 500)."""
+
+        def checked() -> V:
+            try:
+                return load()
+            except CropiError:
+                raise
+            except (OSError, ValueError, KeyError, pa.ArrowException) as e:
+                raise CorruptDataError(f"{what} cannot be read ({type(e).__name__}: {e}); the file changed or was "
+                                       "damaged on disk: score the checkpoint again") from e
+
+        return checked
 
     @staticmethod
-    def _ranking_body(row: CheckpointRow, view: RankingView, order: str, offset: int, limit: int,
-                      items: bytes | None = None) -> bytes:
-        if items is None:
-            items = view.page_json(order, offset, limit)
+    def _cached(cache: VersionedCache[V], key: Hashable, token: Hashable, load: Callable[[], V], peek: bool) -> V:
+        return cache.peek(key, token) if peek else cache.get(key, token, load)
+
+    # rankings
+
+    def ranking_view(self, row: CheckpointRow, peek: bool = False) -> RankingView:
+        job = self._succeeded(row.job_id, f"the ranking of checkpoint {row.id}", peek)
+        key = (row.name, row.spec_id)
+        token = self._token(key, lambda: self.library.ranking_version(row.name, row.spec_id), row, job, peek)
+        load = self._load(f"the stored ranking of checkpoint {row.id} ({row.name}, spec {row.spec_id})",
+                          lambda: RankingView(self.library.ranking(row.name, row.spec_id)))
+        return self._cached(self.rankings, key, token, load, peek)
+
+    def ranking_page(self, checkpoint_id: str, offset: int, limit: int, validation: str | None,
+                     peek: bool = False) -> bytes:
+        """A ``RankingPage`` as JSON bytes (the items come pre-encoded from the view)."""
+        row = self.registry.checkpoint(checkpoint_id, peek)
+        view = self.ranking_view(row, peek)
+        order = validation or FUSED
+        items = view.page_json(order, offset, limit, peek)
         head = {"checkpoint": row.id, "spec_id": row.spec_id, "order": order, "total": view.total,
                 "offset": offset, "limit": limit, "excluded": view.excluded}
         return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":', items, b"}"))
 
     # gradients
 
-    def gradient_view(self, checkpoint_id: str, split: str | None) -> tuple[CheckpointRow, GradientView]:
-        row = self.registry.checkpoint(checkpoint_id)
-        self._succeeded(row.job_id, f"the gradients of checkpoint {row.id}")
-        split = split or POOL_SPLIT
-        allowed = {POOL_SPLIT, *(self.registry.dataset(v).name for v in row.validation)}
+    def gradient_view(self, checkpoint_id: str, split: str | None,
+                      peek: bool = False) -> tuple[CheckpointRow, GradientView]:
+        row = self.registry.checkpoint(checkpoint_id, peek)
+        job = self._succeeded(row.job_id, f"the gradients of checkpoint {row.id}", peek)
+        split = split or POOL
+        allowed = {POOL, *(self.registry.dataset(v, peek).name for v in row.validation)}
         if split not in allowed:
             raise UnknownIdError(f"checkpoint {row.id} has no split {split!r}; its splits: {sorted(allowed)}")
         key = (row.name, row.spec_id, split)
-        token = self._version(key, lambda: self._load(
-            f"the stored gradients of checkpoint {row.id}, split {split!r}",
-            lambda: self.library.gradients_version(row.name, row.spec_id, split)))
-        if token is None:
-            token = self._job_token(row, self.jobs.get(row.job_id))
-        view = self.gradient_views.get(key, token, lambda: self._load(
-            f"the stored gradients of checkpoint {row.id}, split {split!r}",
-            lambda: GradientView(self.library.gradients(row.name, row.spec_id, split), rendered=self.rendered)))
-        return row, view
+        what = f"the stored gradients of checkpoint {row.id}, split {split!r}"
+        version = self._load(what, lambda: self.library.gradients_version(row.name, row.spec_id, split))
+        token = self._token(key, version, row, job, peek)
+        load = self._load(what, lambda: GradientView(self.library.gradients(row.name, row.spec_id, split),
+                                                     rendered=self.rendered))
+        return row, self._cached(self.gradient_views, key, token, load, peek)
 
-    @staticmethod
-    def gradient_body(row: CheckpointRow, view: GradientView, rows: list[str], split: str | None,
-                      items: bytes | None = None) -> bytes:
-        """A ``GradientBatch`` of ``rows`` (or the ready JSON array ``items``) as JSON bytes."""
-        head = {"checkpoint": row.id, "spec_id": row.spec_id, "split": view.meta.get("split", split), "dim": view.dim}
-        # encoded here, not through the response model: re-validating thousands of floats costs more than the lookup
-        items = view.records_json(rows) if items is None else items
-        return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":', items, b"}"))
+    def gradients(self, checkpoint_id: str, prompt_ids: list[str], split: str | None, arrow: bool,
+                  peek: bool = False) -> tuple[bytes, str]:
+        """A ``GradientBatch`` of ``prompt_ids`` as JSON bytes, or an Arrow IPC stream; and its media type.
+
+        Refused (413) when it could exceed ``max_response_mb``; batches wait for one of ``heavy_requests``
+        slots. With ``peek``, NotLoaded unless every record batch needed is in memory."""
+        row, view = self.gradient_view(checkpoint_id, split, peek)
+        self.check_response_size(view, len(prompt_ids), arrow)
+        with self.heavy_slot(len(prompt_ids)):
+            rows = view.rows(prompt_ids)
+            if arrow:
+                return view.arrow_stream(rows, peek), ARROW_STREAM
+            head = {"checkpoint": row.id, "spec_id": row.spec_id, "split": view.meta.get("split", split),
+                    "dim": view.dim}
+            # encoded here, not through the response model: re-validating thousands of floats costs more than
+            # the lookup
+            return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":',
+                             view.records_json(rows, peek), b"}")), "application/json"
 
     def check_response_size(self, view: GradientView, n: int, arrow: bool) -> None:
         """ResponseTooLargeError unless ``n`` records can not exceed ``max_response_mb``, whatever their values."""
@@ -264,69 +295,18 @@ class Service:
         finally:
             self._heavy.release()
 
-    # the fast path: answers from what is loaded, or None (then the full route answers, errors included)
-
-    def _fresh_version(self, key: Hashable) -> tuple[Hashable | None] | None:
-        """``(token,)`` when ``key``'s version stamp was looked at less than ``version_ttl_s`` ago, else None."""
-        seen = self._versions.get(key)
-        if seen is None or time.monotonic() - seen[0] >= self.settings.version_ttl_s:
-            return None
-        return (seen[1],)
-
-    def _loaded_checkpoint(self, checkpoint_id: str) -> CheckpointRow | None:
-        row = self.registry.cached_checkpoint(checkpoint_id)
-        if row is None or row.job_id not in self._done:
-            return None
-        return row
-
-    def peek_ranking_page(self, checkpoint_id: str, offset: int, limit: int, validation: str | None) -> bytes | None:
-        """``ranking_page(...)`` when the checkpoint, its succeeded job, a fresh version stamp of its ranking
-        and the view (with ``validation``'s order encoded) are all in memory; else None. No I/O."""
-        row = self._loaded_checkpoint(checkpoint_id)
-        if row is None:
-            return None
-        key = (row.name, row.spec_id)
-        seen = self._fresh_version(key)
-        if seen is None or not seen[0]:  # no stamp: versioned by the job table, which is not in memory
-            return None
-        view = self.rankings.peek(key, seen[0])
-        order = validation or FUSED
-        items = view.encoded_page_json(order, offset, limit) if view is not None else None
-        if items is None:
-            return None
-        return self._ranking_body(row, view, order, offset, limit, items)
-
-    def peek_gradient_json(self, checkpoint_id: str, prompt_id: str, split: str | None) -> bytes | None:
-        """The JSON body of the route's lookup of ``prompt_id`` when the checkpoint, its job, a fresh version
-        stamp of the split and its view are in memory and the split holds ``prompt_id``; else None. No I/O
-        but rendering the record."""
-        row = self._loaded_checkpoint(checkpoint_id)
-        if row is None:
-            return None
-        name = split or POOL_SPLIT
-        if name != POOL_SPLIT and name not in self.registry.cached_dataset_names(row.validation):
-            return None
-        key = (row.name, row.spec_id, name)
-        seen = self._fresh_version(key)
-        if seen is None or seen[0] is None:
-            return None
-        view = self.gradient_views.peek(key, seen[0])
-        record = view.cached_record_json(prompt_id) if view is not None and prompt_id in view else None
-        if record is None:
-            return None
-        return self.gradient_body(row, view, [prompt_id], split, items=b"[" + record + b"]")
-
     # curricula
 
-    def add_curriculum(self, body: models.CurriculumCreate, caller: str | None = None) -> CurriculumRow:
+    def add_curriculum(self, body: CurriculumCreate, caller: str | None = None) -> CurriculumRow:
         model = self.confine(body.path)
         if not model.is_dir():
             raise InvalidInputError(f"no model folder at {body.path!r} (resolved to {str(model)!r})")
         pool, validation = self._datasets(body.pool, body.validation)
-        params = CurriculumParams(roots=self._roots(), name=body.name, model=str(model), pool=pool.path,
-                                  validation={v.name: v.path for v in validation}, stages=body.stages,
-                                  fraction=body.fraction, projection=body.projection,
-                                  options=body.options).model_dump(exclude_none=True)
+        job_params = CurriculumParams(roots=self._roots(), name=body.name, model=str(model), pool=pool.path,
+                                      validation={v.name: v.path for v in validation}, stages=body.stages,
+                                      fraction=body.fraction, projection=body.projection, options=body.options)
+        job_params.library_config()  # the library judges the whole config now, not when the job starts
+        params = job_params.model_dump(exclude_none=True)
         job = self.runner.submit("curriculum", params, key=f"curriculum:{body.name}", caller=caller)
         row = CurriculumRow(new_id("cur"), body.name, job.id, time.time())
         self.registry.add_curriculum(row)

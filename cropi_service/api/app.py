@@ -14,15 +14,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import cropi
 from cropi.errors import CropiError
+
+from ..base.settings import ServiceSettings
+from ..domain.library import CropiLibrary, Library
+from ..domain.registry import Registry
+from ..domain.service import Service
+from ..jobs.runner import Runner
 from ..jobs.table import JobStore
-from ..domain.store import CropiLibrary, Library
 from .metrics import Metrics
 from .middleware import AccessLog, BearerAuth, BodyLimit, HotPaths
-from ..domain.registry import Registry
-from .routes import router
-from ..jobs.runner import Runner
-from ..domain.service import Service
-from ..entry.settings import ServiceSettings
+from .routes import HOT_READS, router
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +114,7 @@ def create_app(settings: ServiceSettings, *, library: Library | None = None, kin
     app.include_router(router)
     install_error_handlers(app)
     # outermost first: log and time everything, then auth, then the body limit, then the in-memory hot reads
-    app.add_middleware(HotPaths, service=svc, routes={getattr(r, "name", None): r for r in app.routes},
-                       enabled=settings.fast_path)
+    app.add_middleware(HotPaths, service=svc, routes=app.routes, readers=HOT_READS, enabled=settings.fast_path)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(BearerAuth, token=settings.token)
     app.add_middleware(AccessLog, metrics=app.state.metrics)

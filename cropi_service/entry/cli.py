@@ -14,8 +14,8 @@ from typing import Sequence
 import pydantic
 
 from cropi.errors import CropiError
-from .logs import configure_logging
-from .settings import ServiceSettings, read_token_file
+from ..base.logs import configure_logging
+from ..base.settings import ServiceSettings, read_token_file
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def run_worker(root: str | Path, name: str, workers: int = 1, ray_address: str |
 
 
 def serve_args(s: argparse.ArgumentParser) -> None:
-    """The options of ``serve`` (``cropi serve`` and ``python -m services serve``)."""
+    """The options of ``serve`` (``cropi serve`` and ``python -m cropi_service serve``)."""
     s.add_argument("--root", required=True, help="service state and store directory")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs --token-file)")
     s.add_argument("--port", type=int, default=8000)

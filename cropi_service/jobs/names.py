@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from ..domain.errors import ServiceConfigError
+from ..base.errors import ServiceConfigError
 
 
 class RunnerName:

@@ -1,0 +1,157 @@
+"""Response bodies of the v1 API, and the one request body the domain does not take (their JSON schemas
+make the OpenAPI document; the POST bodies that start work are ``options.requests``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from cropi.contracts import NAME_MAX
+
+from ..jobs.table import STATES
+from ..options.requests import Strict
+
+JobState = Literal[STATES]
+MAX_BATCH = 10_000
+PROMPT_ID_MAX = 1024
+PAGE_DEFAULT, PAGE_MAX, OFFSET_MAX = 100, 10_000, 2**31  # ranking pages
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="stable machine-readable code, e.g. not_found, path_outside_roots")
+    message: str = Field(description="what is wrong and what to do")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+
+
+# datasets
+
+class Dataset(BaseModel):
+    id: str
+    name: str
+    path: str
+    kind: Literal["pool", "validation"]
+    n_prompts: int
+    created: float
+
+
+class DatasetList(BaseModel):
+    items: list[Dataset]
+
+
+# jobs
+
+class Progress(BaseModel):
+    stage: str
+    done: int
+    total: int
+
+
+class JobView(BaseModel):
+    id: str
+    kind: str
+    state: JobState
+    progress: Progress | None = None
+    error: ErrorBody | None = None
+    result: dict[str, Any] | None = None
+    attempts: int
+    created: float
+    updated: float
+
+
+# checkpoints
+
+class CheckpointCreated(BaseModel):
+    id: str
+    job_id: str
+
+
+class Checkpoint(BaseModel):
+    id: str
+    name: str
+    path: str
+    pool: str
+    validation: list[str]
+    spec_id: str | None
+    job: JobView
+    created: float
+
+
+class RankedPrompt(BaseModel):
+    position: int = Field(description="1-based place in this listing's order")
+    prompt_id: str
+    rank: int = Field(description="1-based rank by fused score")
+    fused: float | None
+    scores: dict[str, float | None] = Field(description="cosine influence per validation set")
+    selected: bool | None = None
+
+
+class RankingPage(BaseModel):
+    checkpoint: str
+    spec_id: str | None
+    order: str = Field(description="'fused' or the validation set the page is sorted by")
+    total: int = Field(description="ranked prompts (excluded ones not counted)")
+    offset: int
+    limit: int
+    items: list[RankedPrompt]
+    excluded: dict[str, int] = Field(description="prompts left out of the ranking, counted by status")
+
+
+# gradients
+
+class GradientRecord(BaseModel):
+    prompt_id: str
+    vector: list[float]
+    raw_norm: float | None = None
+    n_responses: int | None = None
+    reward_mean: float | None = None
+    reward_std: float | None = None
+    n_tokens: int | None = None
+    status: str | None = None
+    ess: float | None = Field(None, description="effective sample size of the prompt's K importance weights "
+                              "(current policy over behavior); null when unknown or stored without it")
+    ess_fraction: float | None = Field(None, description="ESS / K, in (0, 1]: low means the reused "
+                                       "trajectories no longer represent the policy; null when unknown")
+
+
+class GradientBatch(BaseModel):
+    checkpoint: str
+    spec_id: str | None
+    split: str
+    dim: int
+    items: list[GradientRecord]
+
+
+class GradientBatchRequest(Strict):
+    prompt_ids: list[Annotated[str, Field(max_length=PROMPT_ID_MAX)]] = Field(min_length=1, max_length=MAX_BATCH)
+    split: str | None = Field(default=None, max_length=NAME_MAX, description="store split (default: the pool's)")
+
+
+# curricula
+
+class CurriculumCreated(BaseModel):
+    id: str
+    job_id: str
+
+
+class Stage(BaseModel):
+    index: int
+    n_prompts: int | None = None
+    checkpoint: str | None = None
+    subset_url: str | None = Field(default=None, description="GET this for the stage's verl parquet")
+
+
+class Curriculum(BaseModel):
+    id: str
+    name: str
+    job: JobView
+    stages: list[Stage]
+    created: float

@@ -1,5 +1,0 @@
-"""``python -m services``: same as ``cropi serve`` plus the standalone ``worker`` mode."""
-
-from .entry.cli import main
-
-raise SystemExit(main())
