@@ -181,7 +181,7 @@ def test_more_than_one_authorization_header_is_refused_on_the_fast_and_the_full_
         ck = _ready(env)
         page = f"/v1/checkpoints/{ck}/ranking?limit=5"
         assert env.get(page).status_code == 200  # loaded: the next plain read is a fast-path read
-        assert app.state.service.peek_ranking_page(ck, 0, 5, None) is not None
+        assert app.state.service.ranking_page(ck, 0, 5, None, peek=True)  # in memory: served without the route
         good, bad = AUTH["Authorization"], "Bearer wrong"
         for headers in ([("Authorization", bad), ("Authorization", good)], [("Authorization", good)] * 2):
             for url in (page, f"/v1/checkpoints/{ck}", f"/v1/checkpoints/{ck}/gradients/p01"):
