@@ -26,7 +26,8 @@ from cropi.store import CheckpointRef, GradientStore, TrajectoryStore  # noqa: E
 from cropi.store.sharded import ShardedDataset  # noqa: E402
 from cropi.store.types import gradient_schema, legacy_schema  # noqa: E402
 from cropi_service.api.app import create_app  # noqa: E402
-from cropi_service.domain.library import CropiLibrary, store_of  # noqa: E402
+from cropi.pipeline.requests import store_path  # noqa: E402
+from cropi_service.domain.library import CropiLibrary  # noqa: E402
 
 ESS = [0.9, 0.1, 0.45, None, 0.3, 0.6, 0.05, 0.2, 1.0, 0.7]
 CHOSEN = (6, 1, 7)  # below 0.5, lowest first, floor(0.3 * 10) = 3
@@ -151,7 +152,7 @@ def test_service_gradients_serve_the_stored_ess(tmp_path):
         ck = r.json()["id"]
         spec_id = env.get(f"/v1/checkpoints/{ck}").json()["spec_id"]
         spec = {**SPEC, "spec_id": spec_id}
-        store = GradientStore(store_of(settings.root))
+        store = GradientStore(store_path(settings.root))
         ess = {"a": 0.25, "b": None, "c": 1.0, "d": 0.125}
         with store.split(CheckpointRef(name="ck", fingerprint="f"), spec, "pool", dim=4, dtype="float32").writer("w") as w:
             for i, (p, e) in enumerate(ess.items()):

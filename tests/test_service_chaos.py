@@ -20,7 +20,8 @@ from test_service_e2e import PROJECTION, SPLITS, Server, _worker_pid, alive, ref
 
 from cropi.pipeline.rank import load_ranking  # noqa: E402
 from cropi.store import GradientStore  # noqa: E402
-from cropi_service.domain.library import POOL_SPLIT, store_of  # noqa: E402
+from cropi.contracts import POOL  # noqa: E402
+from cropi.pipeline.requests import store_path  # noqa: E402
 
 KILLS = 4
 SEED = int(os.environ.get("CROPI_CHAOS_SEED", "12"))
@@ -79,10 +80,10 @@ def test_random_kills_of_server_and_worker_leave_the_ranking_bitwise_equal(world
         assert len(kills) >= 2, f"the job ended before it was killed twice: {kills}"
     finally:
         server.stop()
-    got = load_ranking(store_of(server.root), "ck", pool=POOL_SPLIT, spec_id=reference["spec_id"])
+    got = load_ranking(store_path(server.root), "ck", pool=POOL, spec_id=reference["spec_id"])
     want = reference["ranking"]
     assert got.table.equals(want.table), kills  # bitwise: every column, every value
     assert got.excluded == want.excluded
-    pool = GradientStore(store_of(server.root)).open_split("ck", reference["spec_id"], POOL_SPLIT).read()
+    pool = GradientStore(store_path(server.root)).open_split("ck", reference["spec_id"], POOL).read()
     order = [pool.prompt_ids.index(p) for p in reference["pool"].prompt_ids]
     assert pool.vectors[order].tobytes() == reference["pool"].vectors.tobytes()

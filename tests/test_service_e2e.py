@@ -35,7 +35,8 @@ from cropi.pipeline.collect import CollectJob, collect  # noqa: E402
 from cropi.pipeline.rank import load_ranking  # noqa: E402
 from cropi.projection import ProjectionSpec  # noqa: E402
 from cropi.store import GradientStore  # noqa: E402
-from cropi_service.domain.library import POOL_SPLIT, store_of  # noqa: E402
+from cropi.contracts import POOL  # noqa: E402
+from cropi.pipeline.requests import store_path  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "e2e-token-" + "x" * 24
@@ -77,8 +78,8 @@ def reference(world, tmp_path_factory):
         spec=ProjectionSpec(**PROJECTION))
     scoring.score_checkpoint(request, root=str(root))
     spec_id = ProjectionSpec(**PROJECTION).spec_id
-    ranking = load_ranking(store_of(root), "ck", pool=POOL_SPLIT, spec_id=spec_id)
-    pool = GradientStore(store_of(root)).open_split("ck", spec_id, POOL_SPLIT).read()
+    ranking = load_ranking(store_path(root), "ck", pool=POOL, spec_id=spec_id)
+    pool = GradientStore(store_path(root)).open_split("ck", spec_id, POOL).read()
     return {"ranking": ranking, "pool": pool, "spec_id": spec_id}
 
 

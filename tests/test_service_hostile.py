@@ -66,8 +66,9 @@ SCORING_ATTACKS = [
      "options.collect.engine.attn_implementation"),
     ({"options": {"collect": {"backend": "hf", "engine": {"max_model_len": 64}}}}, "options.collect"),
     ({"options": {"collect": {"reward": "os.system"}}}, "options.collect.reward"),
-    ({"options": {"collect": {"pool": {"samples": 10**9}}}}, "options.collect.pool.samples"),
-    ({"options": {"collect": {"validation": {"max_new_tokens": 10**9}}}}, "options.collect.validation.max_new_tokens"),
+    ({"options": {"collect": {"pool_samples": 10**9}}}, "options.collect.pool_samples"),
+    ({"options": {"collect": {"max_new_tokens": 10**9}}}, "options.collect.max_new_tokens"),
+    ({"options": {"behavior": "/elsewhere"}}, "options.behavior"),
     ({"options": {"top_fraction": 2.0}}, "options.top_fraction"),
     ({"options": {"loss": {"token_budget": 10**12}}}, "options.loss.token_budget"),
     ({"projection": {"dim": 10**12}}, "projection.dim"),
@@ -124,7 +125,7 @@ def test_the_library_request_is_built_from_named_fields_only(svc):
     (settings.root.parent / "release").mkdir()
     body = {"name": "ck", "path": "model", "pool": ids["pool"], "validation": [ids["gsm"]],
             "projection": {"dim": 64}, "options": {"top_fraction": 0.5, "collect": {
-                "backend": "vllm", "pool": {"temperature": 1.0},
+                "backend": "vllm", "temperature": 1.0,
                 "engine": {"max_model_len": 512}}}}
     r = client.post("/v1/checkpoints", json=body, headers=AUTH)
     assert r.status_code == 202, r.text

@@ -58,7 +58,7 @@ def test_scoring_a_name_and_spec_again_from_other_inputs_is_refused(svc):
     before = stored(settings)
     for other in ({**base, "validation": [ids["gsm"], math_]},
                   {**base, "options": {"top_fraction": 0.5}},
-                  {**base, "options": {"collect": {"pool": {"samples": 4}}}}):
+                  {**base, "options": {"collect": {"pool_samples": 4}}}):
         r = client.post("/v1/checkpoints", json=other, headers=AUTH)
         assert r.status_code == 409, r.text
         assert r.json()["error"]["code"] == "ranking_conflict"

@@ -27,12 +27,11 @@ from typing import Any, Literal, Optional
 from pydantic import Field, model_validator
 
 from cropi.errors import InvalidInputError
-from cropi.trainers.base import (GrpoOptions, StageResult, TrainerAdapter, TrainingFailedError,
-                                 check_stage_args)
-from cropi.trainers.lineage import StageMarker, read_marker, write_marker
+from cropi.trainers.base import GrpoOptions, StageResult, TrainerAdapter, check_stage_args
+from cropi.trainers.carry import adamw, save_stage
+from cropi.trainers.lineage import StageMarker, read_marker
 
 NAME = "trl"
-OPTIMIZER_FILE = "optimizer.pt"
 # Loggers whose warnings go into the stage's train.log.
 _LIBRARY_LOGGERS = ("trl", "transformers", "accelerate")
 
@@ -94,7 +93,8 @@ class TrlTrainer(TrainerAdapter):
         dataset = stage_dataset(subset, tokenizer, opts, policy.config)
         # trl builds the KL reference from the policy's name_or_path: point it at the run's start.
         policy.config._name_or_path = reference
-        optimizer = _optimizer(policy, opts, previous)
+        optimizer = adamw(policy, lr=opts.lr, weight_decay=opts.weight_decay, carry=opts.carry_optimizer,
+                          previous=previous, trainer=NAME)
 
         log = _StageLog(out, stage, start_step)
         trainer = _grpo_trainer(policy, tokenizer, dataset, reward_fn, reward, opts, out, steps, seed,
@@ -105,9 +105,11 @@ class TrlTrainer(TrainerAdapter):
         runtime = time.monotonic() - began
 
         done = int(trainer.state.global_step)
-        checkpoint = _save(trainer, tokenizer, out, StageMarker(
-            trainer=NAME, reference_model=reference, stage=stage, global_step=start_step + done,
-            run_state=str((out / "trainer_state").resolve())))
+        # saved with save_pretrained, not Trainer.save_model, which drops a training_args.bin into the folder
+        checkpoint = save_stage(trainer.accelerator.unwrap_model(trainer.model), tokenizer, trainer.optimizer, out,
+                                StageMarker(trainer=NAME, reference_model=reference, stage=stage,
+                                            global_step=start_step + done))
+        _remove_if_empty(Path(trainer.args.output_dir))
         return StageResult(checkpoint=str(checkpoint), steps_done=done, global_step=start_step + done,
                            stage=stage, metrics=log.summary(runtime), log_path=str(log.text_path),
                            metrics_path=str(log.jsonl_path))
@@ -169,30 +171,6 @@ def _ids(rendered: Any) -> list[int]:
     return list(rendered["input_ids"]) if hasattr(rendered, "keys") else list(rendered)
 
 
-def _optimizer(policy, opts: TrlOptions, previous: Optional[StageMarker]):
-    """AdamW over every parameter, with the previous stage's state when it was trained here."""
-    import torch
-
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=opts.lr, betas=(0.9, 0.999),
-                                  weight_decay=opts.weight_decay)
-    if not (opts.carry_optimizer and previous and previous.trainer == NAME and previous.run_state):
-        return optimizer
-    path = Path(previous.run_state) / OPTIMIZER_FILE
-    if not path.is_file():
-        raise InvalidInputError(f"the previous stage's optimizer state {path} is missing: restore it, or "
-                                "pass carry_optimizer=False to start this stage with a fresh AdamW")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    try:
-        optimizer.load_state_dict(state)
-    except ValueError as e:
-        raise InvalidInputError(f"{path} does not fit this model ({e}); pass carry_optimizer=False") from None
-    for group in optimizer.param_groups:
-        # A loaded state brings the old stage's settings; this stage's options win.
-        group.update(lr=opts.lr, weight_decay=opts.weight_decay)
-        group.pop("initial_lr", None)
-    return optimizer
-
-
 def _grpo_trainer(policy, tokenizer, dataset, reward_fn, reward_name, opts: TrlOptions, out: Path,
                   steps: int, seed: int, optimizer, log: "_StageLog"):
     from transformers import PrinterCallback
@@ -220,28 +198,6 @@ def _use_cpu() -> bool:
     import torch
 
     return not torch.cuda.is_available()
-
-
-def _save(trainer, tokenizer, out: Path, marker: StageMarker) -> Path:
-    """Weights + config + tokenizer + marker in ``out/checkpoint``; optimizer in ``out/trainer_state``.
-
-    Saved by hand rather than with ``Trainer.save_model``, which would also drop a
-    ``training_args.bin`` into the folder and change its content fingerprint.
-    """
-    import torch
-
-    checkpoint, state_dir = out / "checkpoint", out / "trainer_state"
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    model.save_pretrained(checkpoint, safe_serialization=True)
-    tokenizer.save_pretrained(checkpoint)
-    if not any(checkpoint.glob("*.safetensors")):
-        raise TrainingFailedError(f"trl wrote no weights into {checkpoint}; see {out / 'train.log'}")
-    torch.save(trainer.optimizer.state_dict(), state_dir / OPTIMIZER_FILE)
-    write_marker(checkpoint, marker)
-    _remove_if_empty(Path(trainer.args.output_dir))
-    return checkpoint.resolve()
 
 
 def _remove_if_empty(folder: Path) -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cropi.pipeline.requests import store_path
+
 from .errors import ServiceConfigError
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -94,6 +96,11 @@ class ServiceSettings(BaseSettings):
     @property
     def db_path(self) -> Path:
         return self.state_dir / "jobs.sqlite"
+
+    @property
+    def store(self) -> Path:
+        """The library's store under ``root`` (gradients, rankings, curriculum stages)."""
+        return Path(store_path(self.root))
 
     def check_bind(self) -> None:
         """Refuse to listen beyond loopback without a token."""
