@@ -57,10 +57,10 @@ def synthetic_trajectories(model_path: str, n_prompts: int, *, samples: int = 8,
 
 
 def warm_model(workdir: Path, name: str, dims: dict, config) -> str:
-    """A model of shape ``dims`` warm-started on the demo's supervised set (cropi.demo.warmstart),
+    """A model of shape ``dims`` warm-started on the demo's supervised set (cropi.models.warmstart),
     built once into ``workdir/name`` and reused. ``config``: a WarmStartConfig whose size is ``name``."""
     from cropi.demo.assets import warmstart_records
-    from cropi.demo.warmstart import warm_start
+    from cropi.models.warmstart import warm_start
 
     path = workdir / name
     if not (path / "model.safetensors").exists():

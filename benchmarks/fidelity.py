@@ -1,7 +1,7 @@
 """Fidelity of projected influence scores against exact ones, on a model trained on a verifiable task.
 
 The model: a Qwen2 of about 10.7M parameters warm-started on the demo's skills task
-exactly as the demo's model is (cropi.demo.warmstart, the demo's recipe, only the
+exactly as the demo's model is (cropi.models.warmstart, the demo's recipe, only the
 shape larger), built once and cached in the work dir. Its trajectories: K=8 responses
 per prompt sampled at T=0.5 by the hf backend, scored by the task's verifiable reward.
 

@@ -84,7 +84,7 @@ def _flags(prefix: str, names: dict[str, str]) -> dict[str, str]:
 
 
 def _gradient_args(p):
-    from cropi.pipeline.gradients import GradientJob
+    from cropi.pipeline.compute_gradients import GradientJob
 
     add_model_args(p, GradientJob, skip=("shard",), rename={
         **_flags("projection", PROJECTION_FLAGS), "loss.clip_eps": "clip",
@@ -93,14 +93,14 @@ def _gradient_args(p):
 
 
 def gradient_job_from_args(a):
-    from cropi.pipeline.gradients import GradientJob
+    from cropi.pipeline.compute_gradients import GradientJob
 
     return _validated(GradientJob, {**model_values(a), "shard": _shard(a)})
 
 
 @command("gradients", "POPI gradients of one split at one checkpoint, projected, into the store")(_gradient_args)
 def _gradients(a):
-    from cropi.pipeline.gradients import compute_gradients
+    from cropi.pipeline.compute_gradients import compute_gradients
 
     return _run_job(a, compute_gradients, gradient_job_from_args(a))
 

@@ -1,4 +1,4 @@
-"""The shared vocabulary of cropi's data contracts, spelled once (see DESIGN.md).
+"""The shared vocabulary of cropi's data contracts, spelled once.
 
 The lowest layer: imports nothing of cropi, so every layer (store, scoring,
 pipeline, the service) can use it. Collection defaults live with the options
@@ -8,6 +8,7 @@ models that own them (cropi/generation/options.py).
 from __future__ import annotations
 
 import re
+from typing import Literal, get_args
 
 POOL = "pool"  # the split name of the prompt pool being ranked; validation sets take any other name
 SCORE_PREFIX = "score:"  # ranking column per validation set: ``score:<set name>``
@@ -25,10 +26,13 @@ GRADIENT_STATUSES = ("ok", "zero_advantage", "nonfinite", "truncated")
 GRADIENT_META_COLUMNS = ("raw_norm", "n_responses", "reward_mean", "reward_std", "n_tokens", "status")
 # Nullable; absent from splits written before they existed (read back as NaN / None).
 GRADIENT_OPTIONAL_COLUMNS = ("ess", "ess_fraction")
-VECTOR_DTYPES = ("float16", "float32")
+VectorDtype = Literal["float16", "float32"]
+VECTOR_DTYPES = get_args(VectorDtype)
 
-BACKENDS = ("vllm", "hf")
-FUSIONS = ("rrf", "max")
+Backend = Literal["vllm", "hf"]  # generation engines
+BACKENDS = get_args(Backend)
+Fusion = Literal["rrf", "max"]  # how validation sets' ranks are fused into one
+FUSIONS = get_args(Fusion)
 
 
 def is_name(value: object) -> bool:

@@ -23,7 +23,7 @@ def task_model(task_splits, tmp_path_factory) -> str:
     signal: measured (8 samples, T=1), 39 of 40 pool prompts, 7 and 8 of 8 validation prompts,
     mean reward 0.27-0.45. The full 150-step schedule memorises them (every reward 1), and a
     random-init model gets every reward 0: either leaves no validation prompt to score."""
-    from cropi.demo.warmstart import WarmStartConfig, warm_start
+    from cropi.models.warmstart import WarmStartConfig, warm_start
 
     model = tmp_path_factory.mktemp("task-model") / "model"
     records = task_splits["pool"] + task_splits["val_a"] + task_splits["val_b"]
@@ -34,7 +34,7 @@ def task_model(task_splits, tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def task_files(task_splits, tmp_path_factory) -> dict[str, str]:
     """Pool (verl parquet), val_a (jsonl), val_b (plain parquet): every input format once."""
-    from cropi.data.prompts import write_jsonl, write_parquet, write_verl_parquet
+    from cropi.data import write_jsonl, write_parquet, write_verl_parquet
 
     d = tmp_path_factory.mktemp("prompts")
     files = {"pool": str(d / "pool.parquet"), "val_a": str(d / "val_a.jsonl"), "val_b": str(d / "val_b.parquet")}

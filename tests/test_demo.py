@@ -160,7 +160,7 @@ def test_evaluate_policy_greedy_mean_and_pass_at_k_by_group():
 def test_warm_start_is_deterministic_and_learns(tmp_path):
     from safetensors.torch import load_file
 
-    from cropi.demo.warmstart import WarmStartConfig, encode_example, warm_start
+    from cropi.models.warmstart import WarmStartConfig, encode_example, warm_start
     from cropi.models import load_tokenizer
 
     records = make_splits(11, {"warmstart": 48})["warmstart"]

@@ -247,7 +247,7 @@ def test_tokenizer_mismatch_is_refused(capsys, scored, tmp_path):
 
 
 def test_overlong_prompt_and_malformed_file(capsys, task_model, tmp_path):
-    from cropi.data.prompts import PromptRecord, write_jsonl
+    from cropi.data import PromptRecord, write_jsonl
 
     write_jsonl([PromptRecord(prompt_id="long", prompt="7 + " * 3000 + "1", answer="1")], tmp_path / "long.jsonl")
     out = tmp_path / "traj"

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 scoring = pytest.importorskip("cropi.pipeline.score")
 httpx = pytest.importorskip("httpx")
 
-from cropi.data.prompts import write_jsonl  # noqa: E402
+from cropi.data import write_jsonl  # noqa: E402
 from cropi.generation import SamplingConfig  # noqa: E402
 from cropi.pipeline.collect import CollectJob, collect  # noqa: E402
 from cropi.pipeline.rank import load_ranking  # noqa: E402

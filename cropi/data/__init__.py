@@ -1,8 +1,11 @@
-"""Prompt sets with verifiable answers: JSONL, plain Parquet and verl RLVR Parquet."""
+"""Prompt sets with verifiable answers: JSONL, plain Parquet and verl RLVR Parquet.
 
-from cropi.data.prompts import (BadRowsError, PromptFileError, PromptRecord, RowProblem, as_messages,
-                                load_prompts, prompts_fingerprint, stable_prompt_id, write_jsonl,
-                                write_parquet, write_verl_parquet)
+The record type, ids and fingerprint are in ``records``; loading in ``readers``; writing in ``writers``.
+"""
+
+from cropi.data.readers import BadRowsError, PromptFileError, RowProblem, load_prompts
+from cropi.data.records import PromptRecord, as_messages, prompts_fingerprint, stable_prompt_id
+from cropi.data.writers import write_jsonl, write_parquet, write_verl_parquet
 
 __all__ = ["PromptRecord", "load_prompts", "prompts_fingerprint", "stable_prompt_id", "as_messages",
            "write_jsonl", "write_parquet", "write_verl_parquet", "BadRowsError", "PromptFileError",

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 from cropi.data.records import PromptRecord, prompts_fingerprint
 from cropi.errors import NotFoundError
 from cropi.tasks.skills import make_splits
-from cropi.demo.warmstart import WarmStartConfig, warm_start
+from cropi.models.warmstart import WarmStartConfig, warm_start
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 MODEL_NAME = "warmstart-skills"

@@ -1,6 +1,6 @@
 """``python -m cropi.demo.build_assets``: rebuild the shipped warm-started demo model.
 
-Runs the supervised warm-start (cropi.demo.warmstart) by the recipe in
+Runs the supervised warm-start (cropi.models.warmstart) by the recipe in
 cropi.demo.assets, measures the model's accuracy (greedy, sampled mean@8, pass@8) on
 the targeted test splits and the pool, and writes both into
 ``cropi/demo/assets/warmstart-skills/warmstart.json``. About 20 s on one core.

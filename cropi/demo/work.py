@@ -35,7 +35,7 @@ def run_collect(job: dict, shard: tuple[int, int]) -> dict:
 
 def run_gradients(job: dict, shard: tuple[int, int]) -> dict:
     """One shard of a gradients job."""
-    from cropi.pipeline.gradients import GradientJob, compute_gradients
+    from cropi.pipeline.compute_gradients import GradientJob, compute_gradients
 
     job = GradientJob.model_validate({**job, "shard": shard})
     return compute_gradients(job, LogProgress(f"shard {shard[0]}/{shard[1]} "))

@@ -17,6 +17,7 @@ import torch
 from cropi.generation.base import (GenerationBackend, GenerationError, Sample, SamplingConfig, check_batch,
                                    prompt_seed)
 from cropi.generation.prompting import check_prompt_fits
+from cropi.utils.device import resolve_device
 from cropi.generation.stopping import stop_token_ids
 
 
@@ -45,7 +46,7 @@ class HFBackend(GenerationBackend):
 
         if max_batch_rows <= 0:
             raise GenerationError(f"max_batch_rows must be positive, got {max_batch_rows}")
-        self.device = _device(device)
+        self.device = torch.device(resolve_device(device))
         self.model = load_causal_lm(model_path, device=self.device, dtype=dtype,
                                     attn_implementation=attn_implementation)
         self.tokenizer = load_tokenizer(model_path)
@@ -173,12 +174,6 @@ def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor,
         ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
         mask[i, width - len(r):] = 1
     return ids.to(device), mask.to(device)
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def _generator(seed: int, device: torch.device) -> torch.Generator:

@@ -7,16 +7,17 @@ all take these models, so a default or a bound changes here and nowhere else.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, Optional
+from typing import ClassVar, Optional
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+
+from cropi.contracts import Backend
 
 K_POOL = 8
 K_VALIDATION = 32
 MAX_SAMPLES = 4096  # leaves room for statistical checks of the sampler (thousands of one-token draws)
 MAX_NEW_TOKENS = 32768
 DEFAULT_REWARD = "math_verify"
-Backend = Literal["vllm", "hf"]
 
 
 class SamplingConfig(BaseModel):

@@ -31,11 +31,12 @@ from cropi.errors import CropiError
 from cropi.generation.base import GenerationBackend, GenerationError, Sample, SamplingConfig, check_batch, prompt_seed
 from cropi.generation.prompting import check_prompt_fits
 from cropi.generation.stopping import stop_token_ids
+from cropi.utils.device import resolve_device
 
 CPU_KV_CACHE_BYTES = 512 << 20  # plenty for tiny and small models; pass kv_cache_memory_bytes for more
 CPU_MAX_MODEL_LEN = 2048
 CPU_BATCHED_TOKENS = 4096
-GRADIENT_DTYPE = "float32"  # the dtype the gradient pass runs the model in (cropi.pipeline.gradients)
+GRADIENT_DTYPE = "float32"  # the dtype the gradient pass runs the model in (cropi.pipeline.compute_gradients)
 TEACHER_TOKEN_BUDGET = 8192  # padded tokens per teacher-forcing micro-batch
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
@@ -125,7 +126,7 @@ class VLLMBackend(GenerationBackend):
         if self._teacher is None:
             from cropi.models.loading import load_causal_lm
 
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+            device = resolve_device("auto")
             self._teacher = load_causal_lm(self._folder, device=device, dtype=GRADIENT_DTYPE)
         drift, out = 0.0, []
         for prompt, samples in zip(prompts, results):

@@ -9,7 +9,6 @@ from cropi.utils.lazy import lazy_exports
 
 _TORCH_PARTS = {
     "GradientComputer": "cropi.gradients.computer",
-    "GradientResult": "cropi.gradients.computer",
     "group_advantages": "cropi.gradients.popi",
     "popi_loss": "cropi.gradients.popi",
 }

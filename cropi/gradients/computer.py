@@ -30,9 +30,6 @@ class Trajectories(Protocol):
     rewards: Sequence[float | None]
 
 
-GradientResult = GradientRecord  # the earlier name of the same row type
-
-
 class GradientComputer:
     def __init__(self, model: torch.nn.Module, projector, options: LossOptions | None = None):
         self.model = model

@@ -11,9 +11,10 @@ from typing import Optional
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from cropi.data.prompts import load_prompts, prompts_fingerprint
+from cropi.contracts import Backend
+from cropi.data import load_prompts, prompts_fingerprint
 from cropi.generation import EngineOptions, SamplingConfig, make_backend
-from cropi.generation.options import Backend, CollectOptions
+from cropi.generation.options import CollectOptions
 from cropi.generation.prompting import check_prompt_fits, render_prompt
 from cropi.models.loading import load_tokenizer
 from cropi.pipeline.checks import tokenizer_fingerprint

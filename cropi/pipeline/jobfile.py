@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from cropi.errors import InvalidInputError
 from cropi.pipeline.collect import CollectJob
 from cropi.pipeline.curriculum import CurriculumConfig
-from cropi.pipeline.gradients import GradientJob
+from cropi.pipeline.compute_gradients import GradientJob
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.rank import RankRequest
 from cropi.pipeline.refresh import RefreshJob
@@ -109,7 +109,7 @@ def run_job_file(job: JobFile, progress: Progress | None = None):
     """Run one validated job; returns what its step returns (JSON-able)."""
     if isinstance(job, (CollectJobFile, GradientsJobFile)):
         from cropi.pipeline.collect import collect
-        from cropi.pipeline.gradients import compute_gradients
+        from cropi.pipeline.compute_gradients import compute_gradients
 
         fn = collect if isinstance(job, CollectJobFile) else compute_gradients
         if job.ray is not None:

@@ -10,7 +10,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,7 +18,7 @@ from pyarrow.fs import FileSelector, FileType
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS, NAME_PATTERN, POOL, RANKING_META_KEY, SELECTED
+from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS, NAME_PATTERN, POOL, RANKING_META_KEY, SELECTED, Fusion
 from cropi.errors import InvalidInputError, NotFoundError
 from cropi.scoring import Ranking, rank_pool
 from cropi.store import GradientStore
@@ -37,7 +37,7 @@ class RankRequest(BaseModel):
     name: str = Field(pattern=NAME_PATTERN, description="checkpoint name")
     pool: str = Field(POOL, pattern=NAME_PATTERN, description="pool split")
     validation: list[str] = Field(min_length=1, description="validation splits, comma separated")
-    fusion: Literal["rrf", "max"] = Field("rrf", description="how validation sets' ranks are fused")
+    fusion: Fusion = Field("rrf", description="how validation sets' ranks are fused")
     select_fraction: float = Field(0.1, gt=0, le=1, description="fraction of the pool selected",
                                    validation_alias=AliasChoices("select_fraction", "top_fraction"))
     spec_id: Optional[str] = Field(None, description="projection spec id, when the checkpoint has several")

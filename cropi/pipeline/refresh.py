@@ -24,11 +24,10 @@ from typing import Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from cropi.contracts import NAME_PATTERN, POOL
+from cropi.contracts import NAME_PATTERN, POOL, Backend
 from cropi.data import load_prompts, write_jsonl
 from cropi.errors import InvalidInputError, MismatchError
 from cropi.generation import EngineOptions, SamplingConfig
-from cropi.generation.options import Backend
 from cropi.pipeline.collect import CollectJob, collect
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.rank import find_spec_id

@@ -4,18 +4,25 @@ service's HTTP process derives its options from them; the step itself is ``cropi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from cropi.contracts import NAME_HELP, NAME_PATTERN, POOL, is_name
+from cropi.contracts import NAME_HELP, NAME_PATTERN, POOL, Fusion, VectorDtype, is_name
 from cropi.generation.options import CollectOptions
 from cropi.gradients.options import LossOptions
 from cropi.pipeline.rank import RankRequest
 from cropi.projection.spec import ProjectionSpec
 
-Dtype = Literal["float16", "float32"]
 _RANK = RankRequest.model_fields  # ranking settings: the rank step's defaults and bounds
+
+
+def validation_names(sets: dict[str, str]) -> dict[str, str]:
+    """``sets`` (validation set name -> prompt file) when every name is a valid split name other than the pool's."""
+    for name in sets:
+        if name == POOL or not is_name(name):
+            raise ValueError(f"validation set name {name!r} must be {NAME_HELP} and not {POOL!r}")
+    return sets
 
 
 class ScoreRequest(BaseModel):
@@ -37,23 +44,17 @@ class ScoreRequest(BaseModel):
     projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
     loss: LossOptions = LossOptions()
     collect: CollectOptions = CollectOptions()
-    fusion: Literal["rrf", "max"] = _RANK["fusion"]
+    fusion: Fusion = _RANK["fusion"]
     select_fraction: float = Field(_RANK["select_fraction"].default, gt=0, le=1,
                                    description=_RANK["select_fraction"].description,
                                    validation_alias=AliasChoices("select_fraction", "top_fraction", "fraction"))
     max_validation: int = _RANK["max_validation"]
     seed: int = _RANK["seed"]
-    gradient_dtype: Dtype = Field("float16", description="stored vector dtype",
+    gradient_dtype: VectorDtype = Field("float16", description="stored vector dtype",
                                   validation_alias=AliasChoices("gradient_dtype", "dtype"))
     device: str = Field("auto", description="torch device for gradients ('auto': cuda when present)")
 
-    @field_validator("validation")
-    @classmethod
-    def _check_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for name in v:
-            if name == POOL or not is_name(name):
-                raise ValueError(f"validation set name {name!r} must be {NAME_HELP} and not {POOL!r}")
-        return v
+    _validation_names = field_validator("validation")(classmethod(lambda cls, v: validation_names(v)))
 
     @property
     def splits(self) -> dict[str, str]:

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Optional
 
 from cropi.contracts import POOL, SELECTED
-from cropi.data.prompts import load_prompts, prompts_fingerprint
+from cropi.data import load_prompts, prompts_fingerprint
 from cropi.errors import InvalidInputError, MismatchError, NotFoundError
 from cropi.generation import make_backend
 from cropi.pipeline.collect import CollectJob, collect
-from cropi.pipeline.gradients import GradientJob, compute_gradients
+from cropi.pipeline.compute_gradients import GradientJob, compute_gradients
 from cropi.pipeline.progress import Progress, report
 from cropi.pipeline.rank import RankingResult, rank, ranking_path
 from cropi.pipeline.requests import ScoreRequest, ScoreResult, store_path

@@ -10,7 +10,7 @@ from cropi.rewards.deadline import RewardTimeoutError, call_with_deadline
 from cropi.rewards.mathverify import UnparseableAnswerError, math_verify_reward
 from cropi.rewards.numeric import NonNumericAnswerError, exact_numeric_reward
 from cropi.rewards.registry import RewardFn, UnknownRewardError, available_rewards, get_reward, register_reward
-from cropi.rewards.scoring import score_responses
+from cropi.rewards.responses import score_responses
 
 __all__ = ["RewardFn", "get_reward", "register_reward", "available_rewards", "score_responses",
            "math_verify_reward", "exact_numeric_reward", "call_with_deadline", "RewardTimeoutError",

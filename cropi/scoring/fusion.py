@@ -11,9 +11,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from cropi.contracts import FUSIONS
 from cropi.errors import InvalidInputError
 
-FUSIONS = ("rrf", "max")
 
 
 def order(scores: np.ndarray, prompt_ids: Sequence[str]) -> np.ndarray:

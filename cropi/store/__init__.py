@@ -2,7 +2,7 @@
 
 from cropi.store.gradient_table import GradientTable
 from cropi.store.gradient_writer import GradientWriter
-from cropi.store.gradients import GradientSplit, GradientStore, SplitReader
+from cropi.store.gradient_store import GradientSplit, GradientStore, SplitReader
 from cropi.store.key_index import KeyIndex
 from cropi.store.part_cache import PartCache
 from cropi.store.sharded import ShardedDataset, ShardWriter

@@ -4,29 +4,29 @@ from __future__ import annotations
 
 import logging
 import operator
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pyarrow as pa
 
 from cropi.errors import InvalidInputError
+from cropi.store.sharded import ShardedDataset
 from cropi.store.types import GRADIENT_STATUSES, GradientRecord
 
-if TYPE_CHECKING:  # annotations only: the writer is handed its split, never imports the facade
-    from cropi.store.gradients import GradientSplit
 
 log = logging.getLogger(__name__)
 
 
 class GradientWriter:
-    """Buffers gradient rows and commits them ``rows_per_shard`` at a time (and on flush/close)."""
+    """Buffers gradient rows and commits them ``rows_per_shard`` at a time (and on flush/close).
 
-    def __init__(self, split: "GradientSplit", writer_id: str, rows_per_shard: int = 64):
+    Given the split's dataset, vector length and dtype (``GradientSplit.writer`` hands them over), so
+    the writer needs nothing of the split's module."""
+
+    def __init__(self, dataset: ShardedDataset, dim: int, dtype: str, writer_id: str, rows_per_shard: int = 64):
         if isinstance(rows_per_shard, bool) or not isinstance(rows_per_shard, int) or rows_per_shard < 1:
             raise InvalidInputError(f"rows_per_shard must be a positive integer, got {rows_per_shard!r}")
-        self.split = split
+        self.dataset, self.dim, self.dtype = dataset, dim, dtype
         self.rows_per_shard = rows_per_shard
-        self._shard = split.dataset.writer(writer_id)
+        self._shard = dataset.writer(writer_id)
         self._rows: list[dict] = []
         self._closed = False
 
@@ -57,14 +57,14 @@ class GradientWriter:
 
     def _cast(self, prompt_id: str, vector) -> np.ndarray:
         v = np.asarray(vector)
-        if v.shape != (self.split.dim,) or v.dtype.kind not in "fiu":
+        if v.shape != (self.dim,) or v.dtype.kind not in "fiu":
             raise InvalidInputError(f"prompt {prompt_id!r}: vector has shape {v.shape} and dtype {v.dtype}, "
-                                    f"this split stores numeric vectors of length {self.split.dim}")
+                                    f"this split stores numeric vectors of length {self.dim}")
         with np.errstate(over="ignore", invalid="ignore"):
-            out = v.astype(self.split.dtype)
+            out = v.astype(self.dtype)
             overflow = np.isfinite(v) & ~np.isfinite(out)
         if overflow.any():
-            raise InvalidInputError(f"prompt {prompt_id!r}: vector values overflow {self.split.dtype} "
+            raise InvalidInputError(f"prompt {prompt_id!r}: vector values overflow {self.dtype} "
                                     f"(max |v| = {np.abs(v).max():.3g}); store this split as float32")
         return out
 
@@ -72,11 +72,11 @@ class GradientWriter:
         """Commit the buffered rows as one shard (nothing if the buffer is empty)."""
         if not self._rows:
             return
-        schema = self.split.dataset.schema
+        schema = self.dataset.schema
         vectors = np.stack([r["vector"] for r in self._rows]).reshape(-1)
         # A split created before the ESS columns has no place for them: its schema decides.
         columns = {f.name: [r[f.name] for r in self._rows] for f in schema if f.name != "vector"}
-        arrays = [pa.FixedSizeListArray.from_arrays(pa.array(vectors), self.split.dim) if f.name == "vector"
+        arrays = [pa.FixedSizeListArray.from_arrays(pa.array(vectors), self.dim) if f.name == "vector"
                   else pa.array(columns[f.name], type=f.type) for f in schema]
         self._shard.commit(pa.Table.from_arrays(arrays, schema=schema))
         self._rows = []

@@ -43,7 +43,7 @@ class GradientRecord:
     n_tokens: int
     status: str
     # Effective sample size of the responses' sequence-level importance weights pi_theta/beta,
-    # and the same over K (METHOD.md, off-policy diagnostics); None when not computed.
+    # and the same over K (docs/architecture.md, "ESS and refresh"); None when not computed.
     ess: float | None = None
     ess_fraction: float | None = None
 

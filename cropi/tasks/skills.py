@@ -31,6 +31,7 @@ from typing import Callable
 
 from cropi.data.records import PromptRecord, stable_prompt_id
 from cropi.errors import InvalidInputError
+from cropi.tasks.sampling import draw_split
 
 SKILLS = ("count", "maxd", "mind", "pos", "mod", "lastmul")
 LEVELS = (1, 2, 3)
@@ -38,10 +39,6 @@ TARGETS = {"count": ("val_count", "test_count"), "maxd": ("val_maxd", "test_maxd
 SOURCE_PREFIX = "skills/"  # data_source of a record: skills/<skill>
 _TRIES = 2000  # draws per problem before a cell counts as exhausted
 _ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
-
-
-class TaskSizeError(InvalidInputError):
-    """The requested split sizes cannot be met with distinct problems."""
 
 
 def _n(rng: random.Random, digits: int) -> int:
@@ -142,33 +139,9 @@ def make_splits(seed: int, sizes: dict[str, int]) -> dict[str, list[PromptRecord
 
 def _draw(split: str, n: int, seed: int, seen: set[str]) -> list[PromptRecord]:
     rng = random.Random(f"cropi.skills:{seed}:{split}")
-    mix = mixture(split)
-    cells = [(skill, level) for skill in mix for level in LEVELS]
-    weights = [mix[skill] / len(LEVELS) for skill, _ in cells]
-    records = []
-    for (skill, level), count in zip(cells, apportion(n, weights)):
-        for _ in range(count):
-            records.append(_fresh(rng, skill, level, seen))
-    rng.shuffle(records)
-    return records
+    return draw_split(rng, mixture(split), LEVELS, n, seen, _problem, _TRIES)
 
 
-def _fresh(rng: random.Random, skill: str, level: int, seen: set[str]) -> PromptRecord:
-    for _ in range(_TRIES):
-        question, answer = GENERATORS[skill](rng, level)
-        if question not in seen:
-            seen.add(question)
-            return make_record(skill, level, question, answer)
-    raise TaskSizeError(f"cannot draw another distinct {skill} problem of level {level} "
-                        f"({len(seen)} drawn so far); ask for smaller splits")
-
-
-def apportion(n: int, weights: list[float]) -> list[int]:
-    """Split ``n`` into integer counts proportional to ``weights`` (largest remainder, ties by order)."""
-    total = sum(weights)
-    exact = [n * w / total for w in weights]
-    counts = [int(x) for x in exact]
-    by_remainder = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
-    for i in by_remainder[:n - sum(counts)]:
-        counts[i] += 1
-    return counts
+def _problem(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecord]:
+    question, answer = GENERATORS[skill](rng, level)
+    return question, make_record(skill, level, question, answer)

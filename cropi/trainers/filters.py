@@ -1,8 +1,7 @@
 """Online influence filtering inside a GRPO step: I-PPO and IIF on the POPI gradient engine.
 
 Between rollout and update, every response ``z = (x, y)`` of the step's buffer gets an
-influence score at the step's starting parameters ``theta_k`` (../shared/METHOD.md, last
-section)::
+influence score at the step's starting parameters ``theta_k`` (docs/online_filtering.md)::
 
     g(z)  = grad [ -(1/|y|) sum_t rho_t A(z) ]                  rho = 1 on-policy (POPI's per-response loss)
     t     = validation: mean over the validation sets of their mean POPI gradient   (I-PPO)
@@ -29,7 +28,7 @@ signal because of what was dropped (a group with its only correct answer dropped
 turn its best wrong answer positive).
 
 Per-response gradients come from one ``torch.func.vmap`` over ``grad`` of the per-response
-loss, with eager attention (sdpa under vmap fails with a mask, see DESIGN.md), right
+loss, with eager attention (sdpa under vmap fails with a mask), right
 padding and no attention mask (causal attention never looks at the padding after a row's
 tokens) and the LM head applied only at the response positions. Responses whose advantage
 is 0 have ``g(z) = 0`` exactly and are skipped (influence 0: never negative, never dropped).

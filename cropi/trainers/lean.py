@@ -35,6 +35,7 @@ from cropi.errors import InvalidInputError
 from cropi.trainers.base import GrpoOptions, StageResult, TrainerAdapter, check_stage_args
 from cropi.trainers.filters import OnlineFilterOptions
 from cropi.trainers.lineage import StageMarker, read_marker
+from cropi.utils.device import resolve_device
 
 NAME = "lean"
 
@@ -100,7 +101,7 @@ class _Run:
         from cropi.trainers.carry import adamw
 
         opts = self.opts
-        device = "cuda" if opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available()) else "cpu"
+        device = resolve_device(opts.device)
         self.tokenizer = load_tokenizer(self.model_path)
         self.policy = load_causal_lm(self.model_path, device=device, attn_implementation="sdpa")
         self.ref = (load_causal_lm(self.reference, device=device, attn_implementation="sdpa")

@@ -30,6 +30,7 @@ from cropi.errors import InvalidInputError
 from cropi.trainers.base import GrpoOptions, StageResult, TrainerAdapter, check_stage_args
 from cropi.trainers.carry import adamw, save_stage
 from cropi.trainers.lineage import StageMarker, read_marker
+from cropi.utils.device import resolve_device
 
 NAME = "trl"
 # Loggers whose warnings go into the stage's train.log.
@@ -195,9 +196,7 @@ def _grpo_trainer(policy, tokenizer, dataset, reward_fn, reward_name, opts: TrlO
 
 
 def _use_cpu() -> bool:
-    import torch
-
-    return not torch.cuda.is_available()
+    return resolve_device("auto") == "cpu"
 
 
 def _remove_if_empty(folder: Path) -> None:

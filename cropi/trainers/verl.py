@@ -45,7 +45,7 @@ from cropi.errors import ConflictError, InvalidInputError, MismatchError, NotFou
 from cropi.trainers.base import (GrpoOptions, StageResult, TrainerAdapter, TrainingFailedError,
                                  check_stage_args)
 from cropi.trainers.lineage import StageMarker, read_marker, write_marker
-from cropi.utils.fsio import resolve, write_json_atomic
+from cropi.utils.fsio import atomic_write_bytes, resolve, write_json_atomic
 
 NAME = "verl"
 ENTRY_POINT = "verl.trainer.main_ppo"
@@ -401,7 +401,7 @@ def _resume_or_roll_back(run_dir: Path, attempt: dict, model: str, stage: int) -
             shutil.rmtree(folder)
     tracker = run_dir / TRACKER
     if start:
-        write_text_atomic(tracker, str(start))
+        atomic_write_bytes(*resolve(str(tracker)), str(start).encode())
     else:
         tracker.unlink(missing_ok=True)
     return start
@@ -439,12 +439,6 @@ def _merge(python: str, actor: Path, out: Path, log_path: Path, env: dict) -> Pa
     shutil.rmtree(checkpoint, ignore_errors=True)
     scratch.rename(checkpoint)
     return checkpoint
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _check_reward(reward: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Hashable, Protocol
 
 from cropi.contracts import POOL
-from cropi.data.prompts import load_prompts
+from cropi.data import load_prompts
 from cropi.errors import InvalidInputError, NotFoundError
 from cropi.pipeline.rank import RankingResult, load_ranking, ranking_path
 from cropi.pipeline.requests import store_path

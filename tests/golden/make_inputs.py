@@ -5,7 +5,7 @@ shipped model gets right some of the time (mixed rewards: signal), as measured o
 the golden case's collection settings: pool 16, val_a 6 and val_b 6 prompts."""
 from pathlib import Path
 
-from cropi.data.prompts import write_jsonl
+from cropi.data import write_jsonl
 from cropi.tasks.arithmetic import make_task_splits
 
 here = Path(__file__).parent

@@ -31,10 +31,10 @@ from cropi.utils.lazy import lazy_exports
 
 # the steps import torch: imported on first use, so the config and state read without it (the service's HTTP side)
 _TORCH_PARTS = {
-    "collect_jobs": "cropi.pipeline.curriculum.demo_jobs",
-    "collect_trajectories": "cropi.pipeline.curriculum.demo_jobs",
-    "gradient_jobs": "cropi.pipeline.curriculum.demo_jobs",
-    "scoring_splits": "cropi.pipeline.curriculum.demo_jobs",
+    "collect_jobs": "cropi.pipeline.curriculum.jobs",
+    "collect_trajectories": "cropi.pipeline.curriculum.jobs",
+    "gradient_jobs": "cropi.pipeline.curriculum.jobs",
+    "scoring_splits": "cropi.pipeline.curriculum.jobs",
     "run_curriculum": "cropi.pipeline.curriculum.loop",
     "stage_seed": "cropi.pipeline.curriculum.steps",
 }

@@ -8,11 +8,11 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cropi.contracts import NAME_HELP, POOL, is_name
+from cropi.contracts import NAME_HELP, Fusion, VectorDtype, is_name
 from cropi.errors import InvalidInputError
 from cropi.generation import CollectOptions
 from cropi.gradients import LossOptions
-from cropi.pipeline.requests import ScoreRequest
+from cropi.pipeline.requests import ScoreRequest, validation_names
 from cropi.projection import ProjectionSpec
 from cropi.utils.hashing import short_hash
 
@@ -51,9 +51,9 @@ class CurriculumConfig(BaseModel):
     recollect_each_stage: bool = False
     projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
     loss: LossOptions = LossOptions()
-    fusion: Literal["rrf", "max"] = _REQUEST["fusion"]
+    fusion: Fusion = _REQUEST["fusion"]
     max_validation: int = _REQUEST["max_validation"]
-    gradient_dtype: Literal["float16", "float32"] = Field(
+    gradient_dtype: VectorDtype = Field(
         "float16", description="stored vector dtype", validation_alias=AliasChoices("gradient_dtype", "dtype"))
     device: str = _REQUEST["device"]
 
@@ -64,13 +64,7 @@ class CurriculumConfig(BaseModel):
             raise ValueError(f"curriculum name {v!r} must be {NAME_HELP}")
         return v
 
-    @field_validator("validation")
-    @classmethod
-    def _split_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for name in v:
-            if name == POOL or not is_name(name):
-                raise ValueError(f"validation split name {name!r} must be {NAME_HELP} and not {POOL!r}")
-        return v
+    _validation_names = field_validator("validation")(classmethod(lambda cls, v: validation_names(v)))
 
     @model_validator(mode="after")
     def _check(self) -> "CurriculumConfig":

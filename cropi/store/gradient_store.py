@@ -103,7 +103,7 @@ class GradientSplit:
         return self.dataset.identity
 
     def writer(self, writer_id: str, rows_per_shard: int = 64) -> GradientWriter:
-        return GradientWriter(self, writer_id, rows_per_shard)
+        return GradientWriter(self.dataset, self.dim, self.dtype, writer_id, rows_per_shard)
 
     def version(self) -> tuple:
         """Changes whenever a shard is committed: a cache key for readers (the manifest never changes)."""

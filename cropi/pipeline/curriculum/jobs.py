@@ -10,7 +10,7 @@ from cropi.pipeline import score
 from cropi.pipeline.collect import CollectJob
 from cropi.pipeline.curriculum.config import CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumPaths
-from cropi.pipeline.gradients import GradientJob
+from cropi.pipeline.compute_gradients import GradientJob
 from cropi.pipeline.progress import Progress
 
 

@@ -7,13 +7,11 @@ takes the prompts whose id hashes to i, so n workers can share one store).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
-import torch
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from cropi.contracts import NAME_PATTERN, VECTOR_DTYPES
-
+from cropi.contracts import NAME_PATTERN, VectorDtype
 from cropi.gradients import GradientComputer, LossOptions
 from cropi.models.loading import load_causal_lm, load_tokenizer
 from cropi.pipeline.checks import check_tokenizer_matches, check_token_ids_fit
@@ -23,6 +21,7 @@ from cropi.projection import ProjectionSpec, make_projector
 from cropi.store import CheckpointRef, GradientStore, TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.hashing import SPACED, short_hash
+from cropi.utils.device import resolve_device
 
 
 class GradientJob(BaseModel):
@@ -38,7 +37,7 @@ class GradientJob(BaseModel):
     projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
     loss: LossOptions = LossOptions()
     shard: tuple[int, int] = Field((0, 1), description="(i, n): this worker's share of the prompts")
-    gradient_dtype: Literal[VECTOR_DTYPES] = Field("float16", description="stored vector dtype",
+    gradient_dtype: VectorDtype = Field("float16", description="stored vector dtype",
                                                    validation_alias=AliasChoices("gradient_dtype", "dtype"))
     device: str = Field("auto", description="torch device ('auto': cuda when present)")
     rows_per_shard: int = Field(64, gt=0, description="prompts per committed shard")
@@ -62,7 +61,7 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
     shard = parse_shard(job.shard)
     trajectories = TrajectoryStore.open(job.trajectories)
     check_tokenizer_matches(trajectories.identity, load_tokenizer(job.model), job.model)
-    device = _device(job.device)
+    device = resolve_device(job.device)
     model = load_causal_lm(job.model, device=device)
     projector = make_projector(job.projection, {n: tuple(p.shape) for n, p in model.named_parameters()}, device=device)
     split = open_split(job, projector, trajectories, model_fingerprint(job.model))
@@ -82,12 +81,6 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
             progress(stage, len(mine) - len(todo) + n, len(mine))
     return {"split": job.split, "checkpoint": job.checkpoint_name, "spec_id": job.projection.spec_id,
             "computed": counts, "skipped": len(mine) - len(todo), "total": len(mine)}
-
-
-def _device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
 
 
 def _identity_hash(identity: dict) -> str:
