@@ -1,4 +1,4 @@
-"""The in-memory fast path of the two hot reads (``HotPaths``, ``Service.peek_*``) and the render cache.
+"""The in-memory fast path of the two hot reads (``HotPaths``, the reads with ``peek=True``) and the render cache.
 
 A ranking page or single gradient lookup taken by the fast path must be byte-identical to the
 full FastAPI route's answer, and a stored result that changed on disk must be served once its
@@ -9,23 +9,19 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_service_api import (ARROW, AUTH, KINDS, Env, FakeLibrary, assert_error, make_settings,  # noqa: E402
-                              read_arrow)
 
-from cropi.contracts import GRADIENT_META_COLUMNS, GRADIENT_OPTIONAL_COLUMNS  # noqa: E402
-from cropi_service.api.app import create_app  # noqa: E402
-from cropi_service.domain.cache import ByteLRU, NotLoaded  # noqa: E402
-from cropi_service.domain.views import GradientView, RankingView, _finite, vector_json, vector_json_bytes  # noqa: E402
+from cropi.contracts import GRADIENT_META_COLUMNS, GRADIENT_OPTIONAL_COLUMNS
+from cropi_service.api.app import create_app
+from cropi_service.domain.cache import ByteLRU, NotLoaded
+from cropi_service.domain.views import GradientView, RankingView, _finite, vector_json, vector_json_bytes
+from support.service import ARROW, FakeLibrary, KINDS, make_settings, Env, env, assert_error, read_arrow
 
 TTL = 0.3
 

@@ -4,26 +4,22 @@ runner on one root, duplicate Authorization headers, registrations piling up."""
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_service_api import AUTH, KINDS, TOKEN, Env, FakeLibrary, make_settings  # noqa: E402
-from test_store import SPEC, grad_row, open_split, write_grads  # noqa: E402
-
-from cropi.store import CheckpointRef, shard_io  # noqa: E402
-from cropi_service.api.app import create_app  # noqa: E402
-from cropi_service.api.middleware import caller_of  # noqa: E402
-from cropi_service.base.errors import ServiceConfigError  # noqa: E402
-from cropi_service.domain.library import CropiLibrary  # noqa: E402
-from cropi_service.domain.views import GradientView, record_bytes_bound  # noqa: E402
-from cropi_service.jobs.runner import Runner  # noqa: E402
-from cropi_service.jobs.table import JobStore, QueueLimits  # noqa: E402
+from cropi.store import CheckpointRef, shard_io
+from cropi_service.api.app import create_app
+from cropi_service.api.middleware import caller_of
+from cropi_service.base.errors import ServiceConfigError
+from cropi_service.domain.library import CropiLibrary
+from cropi_service.domain.views import GradientView, record_bytes_bound
+from cropi_service.jobs.runner import Runner
+from cropi_service.jobs.table import JobStore, QueueLimits
+from support.service import AUTH, KINDS, TOKEN, Env, FakeLibrary, make_settings
+from support.store import SPEC, grad_row, open_split, write_grads
 
 OTHER = "second-caller-token-9876543210"
 
@@ -170,12 +166,8 @@ class jobs_claimed:
 
 
 def test_more_than_one_authorization_header_is_refused_on_the_fast_and_the_full_path(tmp_path):
-    from test_service_hotpath import ChangingLibrary  # versions start at 1: a loaded page is fast-path served
-
-    (tmp_path / "data" / "model").mkdir(parents=True)
-    (tmp_path / "release").mkdir()
-    fake = ChangingLibrary(tmp_path / "release")
-    app = create_app(make_settings(tmp_path, version_ttl_s=60), library=fake, kinds=KINDS)
+    app, fake = _env(tmp_path, version_ttl_s=60)
+    fake.version = 1  # a stored stamp (0 reads as "no file"): a loaded page is then served without the route
     with TestClient(app) as client:
         env = Env(tmp_path, client, fake)
         ck = _ready(env)

@@ -14,7 +14,7 @@ import pytest
 
 from cropi.errors import CorruptDataError, NotFoundError
 from cropi.store import CheckpointRef, PartCache, shard_io
-from tests.test_store import SPEC, grad_row, open_split, write_grads
+from support.store import SPEC, grad_row, open_split, write_grads
 
 DIM = 512  # 1 KB a float16 vector
 

@@ -4,7 +4,7 @@ service's HTTP process derives its options from them; the step itself is ``cropi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
@@ -53,6 +53,9 @@ class ScoreRequest(BaseModel):
     gradient_dtype: VectorDtype = Field("float16", description="stored vector dtype",
                                   validation_alias=AliasChoices("gradient_dtype", "dtype"))
     device: str = Field("auto", description="torch device for gradients ('auto': cuda when present)")
+    validation_groups: Literal["none", "answer"] = Field(
+        "none", description="'answer': one validation vector per answer label of each set, all fused (against "
+                            "label skew on short-answer tasks; see cropi.scoring.diagnostics)")
 
     _validation_names = field_validator("validation")(classmethod(lambda cls, v: validation_names(v)))
 
@@ -73,6 +76,8 @@ class ScoreResult(BaseModel):
     ranked: int
     selected: list[str] = Field(description="the selected pool prompts, best first")
     ranking: str = Field(description="the stored ranking file (its 'selected' column is ``selected``)")
+    diagnostics: dict = Field(default_factory=dict, description="the selection's data-source and answer-label mix "
+                                                                "against the pool, with warnings")
 
 
 def store_path(root: str | Path) -> str:

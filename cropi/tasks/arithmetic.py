@@ -27,7 +27,7 @@ from typing import Callable
 
 from cropi.data.records import PromptRecord, stable_prompt_id
 from cropi.errors import InvalidInputError
-from cropi.tasks.sampling import draw_split
+from cropi.tasks.base import TaskSizeError, apportion, draw_cells  # noqa: F401 (re-exported)
 
 SKILLS = ("add", "sub", "mul", "multistep", "max", "mod")
 LEVELS = (1, 2, 3)
@@ -225,9 +225,12 @@ def make_task_splits(seed: int, pool_size: int = 2400, val_size: int = 200,
 
 def _draw(split: str, n: int, seed: int, seen: set[str]) -> list[PromptRecord]:
     rng = random.Random(f"cropi.arithmetic:{seed}:{split}")
-    return draw_split(rng, mixture(split), LEVELS, n, seen, _problem, _TRIES)
+    mix = mixture(split)
+    cells = [(skill, level) for skill in mix for level in LEVELS]
+    counts = apportion(n, [mix[skill] / len(LEVELS) for skill, _ in cells])
+    return draw_cells(rng, cells, counts, seen, _fresh, tries=_TRIES)
 
 
-def _problem(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecord]:
+def _fresh(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecord]:
     expr = GENERATORS[skill](rng, level)
     return expr, make_record(skill, level, expr)

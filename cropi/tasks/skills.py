@@ -31,13 +31,12 @@ from typing import Callable
 
 from cropi.data.records import PromptRecord, stable_prompt_id
 from cropi.errors import InvalidInputError
-from cropi.tasks.sampling import draw_split
+from cropi.tasks.base import Task, TaskSizeError, apportion, draw_cells
 
 SKILLS = ("count", "maxd", "mind", "pos", "mod", "lastmul")
 LEVELS = (1, 2, 3)
 TARGETS = {"count": ("val_count", "test_count"), "maxd": ("val_maxd", "test_maxd")}
 SOURCE_PREFIX = "skills/"  # data_source of a record: skills/<skill>
-_TRIES = 2000  # draws per problem before a cell counts as exhausted
 _ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
 
 
@@ -139,9 +138,23 @@ def make_splits(seed: int, sizes: dict[str, int]) -> dict[str, list[PromptRecord
 
 def _draw(split: str, n: int, seed: int, seen: set[str]) -> list[PromptRecord]:
     rng = random.Random(f"cropi.skills:{seed}:{split}")
-    return draw_split(rng, mixture(split), LEVELS, n, seen, _problem, _TRIES)
+    mix = mixture(split)
+    cells = [(skill, level) for skill in mix for level in LEVELS]
+    counts = apportion(n, [mix[skill] / len(LEVELS) for skill, _ in cells])
+    return draw_cells(rng, cells, counts, seen, _fresh)
 
 
-def _problem(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecord]:
+def _fresh(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecord]:
     question, answer = GENERATORS[skill](rng, level)
     return question, make_record(skill, level, question, answer)
+
+
+# Every demo split is a prefix of these; the warm-start set is drawn after them.
+SIZES = {"test_count": 200, "test_maxd": 200, "val_count": 100, "val_maxd": 100, "pool": 1200, "warmstart": 3000}
+
+TASK = Task(
+    name="skills", make_splits=make_splits, targets=TARGETS, sizes=SIZES, max_new_tokens=4,
+    response_text=response_text,
+    # stop_at: the first snapshot whose targets' sampled accuracy reached the design range (docs/demo.md)
+    warm_start=dict(size="tiny", steps=4000, batch_size=64, lr=3e-3, seed=0, stop_at=100),
+    description="six skills with one-digit answers (the label-skew regime: see docs/demo.md)")
