@@ -17,7 +17,7 @@ from cropi.projection import ProjectionSpec, make_projector
 from cropi.store import CheckpointRef, GradientStore
 from cropi.store.types import gradient_schema, legacy_schema
 from cropi.store.sharded import ShardedDataset
-from test_gradients import Traj  # the trajectory stand-in the gradient tests use
+from support.gradients import Traj
 
 VOCAB = 61
 CKPT = CheckpointRef(name="ckpt", fingerprint="fp")

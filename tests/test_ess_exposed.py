@@ -8,26 +8,23 @@ import contextlib
 import io
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
 
-sys.path.insert(0, str(Path(__file__).parent))  # the service tests' helpers, and this file's store builder
-from test_refresh import SPEC, make_inputs  # noqa: E402
-from test_service_api import ARROW, JOBS, Env, make_settings, read_arrow  # noqa: E402
 
-from cropi.cli import main  # noqa: E402
-from cropi.demo.assets import shipped_model  # noqa: E402
-from cropi.store import CheckpointRef, GradientStore, TrajectoryStore  # noqa: E402
-from cropi.store.sharded import ShardedDataset  # noqa: E402
-from cropi.store.types import gradient_schema, legacy_schema  # noqa: E402
-from cropi_service.api.app import create_app  # noqa: E402
-from cropi.pipeline.requests import store_path  # noqa: E402
-from cropi_service.domain.library import CropiLibrary  # noqa: E402
+from cropi.cli import main
+from cropi.demo.assets import shipped_model
+from cropi.store import CheckpointRef, GradientStore, TrajectoryStore
+from cropi.store.sharded import ShardedDataset
+from cropi.store.types import gradient_schema, legacy_schema
+from cropi_service.api.app import create_app
+from cropi.pipeline.requests import store_path
+from cropi_service.domain.library import CropiLibrary
+from support.refresh import SPEC, make_inputs
+from support.service import ARROW, JOBS, Env, make_settings, read_arrow
 
 ESS = [0.9, 0.1, 0.45, None, 0.3, 0.6, 0.05, 0.2, 1.0, 0.7]
 CHOSEN = (6, 1, 7)  # below 0.5, lowest first, floor(0.3 * 10) = 3

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -12,17 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from cropi.gradients import GradientComputer, LossOptions, group_advantages
 from cropi.projection import ProjectionSpec, make_projector
-
-VOCAB = 97
-
-
-@dataclass
-class Traj:
-    prompt_id: str
-    prompt_token_ids: list
-    responses: list
-    behavior_logprobs: list
-    rewards: list
+from support.gradients import VOCAB, Traj
 
 
 def tiny_model(seed=0):

@@ -8,14 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from cropi.data import write_jsonl
-from cropi.demo.assets import shipped_model, task_splits
+from cropi.demo.assets import shipped_model
 from cropi.errors import InvalidInputError, MismatchError
 from cropi.generation import SamplingConfig
 from cropi.pipeline.refresh import RefreshJob, refresh, select_for_refresh
-from cropi.store import CheckpointRef, GradientStore, TrajectoryStore
-
-SPEC = {"kind": "sjlt", "dim": 4, "seed": 0, "spec_id": "s4"}
+from cropi.store import GradientStore, TrajectoryStore
+from support.refresh import make_inputs
 
 
 def test_selection_is_below_threshold_lowest_first_within_budget():
@@ -28,18 +26,6 @@ def test_selection_is_below_threshold_lowest_first_within_budget():
     assert select_for_refresh(ids, ess, 0.05, 1.0) == []                  # strictly below
     with pytest.raises(InvalidInputError, match="ESS values"):
         select_for_refresh(ids, ess[:3], 0.5, 1.0)
-
-
-def make_inputs(tmp_path, ess_fraction):
-    records = task_splits()["pool"][:len(ess_fraction)]
-    write_jsonl(records, str(tmp_path / "pool.jsonl"))
-    split = GradientStore(str(tmp_path / "grads")).split(CheckpointRef(name="ck", fingerprint="f"), SPEC, "pool",
-                                                          dim=4, dtype="float32")
-    with split.writer("w0") as w:
-        for r, e in zip(records, ess_fraction):
-            w.append(r.prompt_id, np.ones(4), 1.0, 8, 0.5, 0.5, 20, "ok", ess=None if e is None else 8 * e,
-                     ess_fraction=e)
-    return records
 
 
 def job(tmp_path, **kw):

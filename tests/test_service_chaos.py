@@ -9,19 +9,16 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_service_e2e import PROJECTION, SPLITS, Server, _worker_pid, alive, reference, world  # noqa: E402,F401
 
-from cropi.pipeline.rank import load_ranking  # noqa: E402
-from cropi.store import GradientStore  # noqa: E402
-from cropi.contracts import POOL  # noqa: E402
-from cropi.pipeline.requests import store_path  # noqa: E402
+from cropi.pipeline.rank import load_ranking
+from cropi.store import GradientStore
+from cropi.contracts import POOL
+from cropi.pipeline.requests import store_path
+from support.service_e2e import scoring, PROJECTION, SPLITS, world, reference, Server, alive, _worker_pid
 
 KILLS = 4
 SEED = int(os.environ.get("CROPI_CHAOS_SEED", "12"))

@@ -11,13 +11,8 @@ Needs cropi.pipeline.score (skipped without it). Slow: minutes on 2 CPU cores.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -26,115 +21,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-scoring = pytest.importorskip("cropi.pipeline.score")
-httpx = pytest.importorskip("httpx")
 
-from cropi.data import write_jsonl  # noqa: E402
-from cropi.generation import SamplingConfig  # noqa: E402
-from cropi.pipeline.collect import CollectJob, collect  # noqa: E402
-from cropi.pipeline.rank import load_ranking  # noqa: E402
-from cropi.projection import ProjectionSpec  # noqa: E402
-from cropi.store import GradientStore  # noqa: E402
-from cropi.contracts import POOL  # noqa: E402
-from cropi.pipeline.requests import store_path  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
-TOKEN = "e2e-token-" + "x" * 24
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-ARROW = "application/vnd.apache.arrow.stream"
-PROJECTION = {"dim": 256, "kept_fraction": 0.5, "seed": 3}
-SPLITS = {"pool": 40, "val_a": 8, "val_b": 8}
-
-
-@pytest.fixture(scope="module")
-def world(task_model, task_splits, tmp_path_factory):
-    """Model, prompt files and trajectories under one data root."""
-    import shutil
-
-    data = tmp_path_factory.mktemp("e2e") / "data"
-    data.mkdir()
-    splits = task_splits
-    model = data / "model"
-    shutil.copytree(task_model, model)  # under the service's data root
-    files, trajectories = {}, {}
-    for name in SPLITS:
-        files[name] = data / f"{name}.jsonl"
-        write_jsonl(splits[name], str(files[name]))
-        trajectories[name] = data / "trajectories" / name
-        sampling = SamplingConfig(samples=8, temperature=1.0, max_new_tokens=32, seed=1)
-        collect(CollectJob(model=str(model), prompts=str(files[name]), out=str(trajectories[name]),
-                           sampling=sampling, backend="hf"))
-    return {"data": data, "model": model, "files": files, "trajectories": trajectories}
-
-
-@pytest.fixture(scope="module")
-def reference(world, tmp_path_factory):
-    """The library's own, uninterrupted scoring of the same inputs."""
-    root = tmp_path_factory.mktemp("reference")
-    request = scoring.ScoreRequest(
-        name="ck", model=str(world["model"]), pool=str(world["files"]["pool"]),
-        validation={v: str(world["files"][v]) for v in ("val_a", "val_b")},
-        trajectories={k: str(v) for k, v in world["trajectories"].items()},
-        spec=ProjectionSpec(**PROJECTION))
-    scoring.score_checkpoint(request, root=str(root))
-    spec_id = ProjectionSpec(**PROJECTION).spec_id
-    ranking = load_ranking(store_path(root), "ck", pool=POOL, spec_id=spec_id)
-    pool = GradientStore(store_path(root)).open_split("ck", spec_id, POOL).read()
-    return {"ranking": ranking, "pool": pool, "spec_id": spec_id}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """``python -m cropi_service serve`` in a subprocess."""
-
-    def __init__(self, root: Path, data: Path, log: Path):
-        self.root, self.data, self.log = root, data, log
-        self.token_file = root.parent / "token"
-        self.token_file.write_text(TOKEN)
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.port = free_port()
-        cmd = [sys.executable, "-m", "cropi_service", "serve", "--root", str(self.root), "--port", str(self.port),
-               "--token-file", str(self.token_file), "--data-root", str(self.data)]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise AssertionError(f"the server did not start; log: {self.log.read_text()[-3000:]}")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers=AUTH, timeout=60)
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(30)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except (ProcessLookupError, OSError):
-        return False
+from support.service_e2e import ARROW, PROJECTION, SPLITS, world, reference, Server, alive, _worker_pid
 
 
 def test_a_killed_server_resumes_scoring_and_serves_the_reference_results(world, reference, tmp_path):
@@ -189,12 +77,6 @@ def test_a_killed_server_resumes_scoring_and_serves_the_reference_results(world,
             assert f"cropi_prompts_scored_total {float(SPLITS['pool'])}" in metrics
     finally:
         server.stop()
-
-
-def _worker_pid(root: Path, job_id: str) -> int | None:
-    from cropi_service.jobs.table import JobStore
-
-    return JobStore(root / "service" / "jobs.sqlite").get(job_id).pid
 
 
 def _check_ranking(c, ck: str, reference) -> None:

@@ -9,50 +9,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import sys
-from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
-
-sys.path.insert(0, str(Path(__file__).parent))
-import test_service_jobs  # noqa: E402
-
-from cropi_service.api.app import create_app  # noqa: E402
-from cropi_service.options.params import curriculum_config, scoring_request  # noqa: E402
-from cropi_service.base.settings import ServiceSettings  # noqa: E402
-
-TOKEN = "hostile-test-token-0123456789"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-KINDS = {"scoring": f"{test_service_jobs.__name__}:wait_job",
-         "curriculum": f"{test_service_jobs.__name__}:curriculum_job"}
 
 
-@pytest.fixture
-def svc(tmp_path):
-    data = tmp_path / "data"
-    (data / "model").mkdir(parents=True)
-    (tmp_path / "elsewhere").mkdir()
-    for name in ("pool", "gsm"):
-        (data / f"{name}.jsonl").write_text(json.dumps({"prompt_id": f"{name}0", "prompt": "1+1?", "answer": "2"}) + "\n")
-    settings = ServiceSettings(root=tmp_path / "root", data_roots=[data], token=TOKEN, poll_s=0.05)
-    with TestClient(create_app(settings, kinds=KINDS)) as client:
-        ids = {}
-        for name, kind in (("pool", "pool"), ("gsm", "validation")):
-            r = client.post("/v1/datasets", json={"name": name, "path": f"{name}.jsonl", "kind": kind}, headers=AUTH)
-            assert r.status_code == 201, r.text
-            ids[name] = r.json()["id"]
-        yield client, ids, settings
-
-
-def stored(settings: ServiceSettings) -> tuple:
-    """Everything the service keeps: its table rows and the files under its root (the db files aside)."""
-    with sqlite3.connect(settings.db_path) as conn:
-        rows = tuple(tuple(conn.execute(f"SELECT * FROM {t} ORDER BY id").fetchall())
-                     for t in ("datasets", "checkpoints", "curricula", "jobs"))
-    files = tuple(sorted(str(p.relative_to(settings.root)) for p in settings.root.rglob("*")
-                         if "jobs.sqlite" not in p.name))
-    return rows, files
+from cropi_service.options.params import curriculum_config, scoring_request
+from support.service import AUTH, stored, svc
 
 
 SCORING_ATTACKS = [

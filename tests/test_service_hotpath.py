@@ -1,4 +1,4 @@
-"""The in-memory fast path of the two hot reads (``HotPaths``, ``Service.peek_*``) and the render cache.
+"""The in-memory fast path of the two hot reads (``HotPaths``, the reads with ``peek=True``) and the render cache.
 
 A ranking page or single gradient lookup taken by the fast path must be byte-identical to the
 full FastAPI route's answer, and a stored result that changed on disk must be served once its
@@ -9,23 +9,19 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_service_api import (ARROW, AUTH, KINDS, Env, FakeLibrary, assert_error, make_settings,  # noqa: E402
-                              read_arrow)
 
-from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS  # noqa: E402
-from cropi_service.api.app import create_app  # noqa: E402
-from cropi_service.domain.cache import ByteLRU, NotLoaded  # noqa: E402
-from cropi_service.domain.views import GradientView, RankingView, _finite, vector_json, vector_json_bytes  # noqa: E402
+from cropi.contracts import GRADIENT_META_COLUMNS, GRADIENT_OPTIONAL_COLUMNS
+from cropi_service.api.app import create_app
+from cropi_service.domain.cache import ByteLRU, NotLoaded
+from cropi_service.domain.views import GradientView, RankingView, _finite, vector_json, vector_json_bytes
+from support.service import ARROW, FakeLibrary, KINDS, make_settings, Env, env, assert_error, read_arrow
 
 TTL = 0.3
 
@@ -176,18 +172,18 @@ def test_the_fast_path_can_be_switched_off(tmp_path):
         assert len(calls) == 1
 
 
-def reference_records_json(view: GradientView, rows: list[int]) -> bytes:
+def reference_records_json(data, rows: list[int]) -> bytes:
     """``GradientView.records_json`` as it was before the render cache and the bytes renderer."""
     out = []
     for r in rows:
-        meta = {"prompt_id": view.prompt_ids[r]}
-        for c, values in view.columns.items():
-            v = values[r]
+        meta = {"prompt_id": data.prompt_ids[r]}
+        for c in GRADIENT_META_COLUMNS:
+            v = np.asarray(data.columns[c])[r].item()
             meta[c] = _finite(v) if isinstance(v, float) else v
         for c in GRADIENT_OPTIONAL_COLUMNS:
-            meta[c] = _finite(view.optional[c][r]) if c in view.optional else None
+            meta[c] = _finite(float(data.columns[c][r])) if c in data.columns else None
         head = json.dumps(meta, allow_nan=False, separators=(",", ":"))
-        out.append(f'{head[:-1]},"vector":[{vector_json(view.vectors[r])}]}}')
+        out.append(f'{head[:-1]},"vector":[{vector_json(data.vectors[r])}]}}')
     return ("[" + ",".join(out) + "]").encode()
 
 
@@ -198,8 +194,9 @@ def test_rendered_records_equal_the_reference_whatever_the_cache(tmp_path, budge
     data.columns["ess"][2] = np.nan
     view = GradientView(data, render_cache_bytes=budget)
     rows = [5, 0, 3, 5, len(data.prompt_ids) - 1]
+    ids = [data.prompt_ids[r] for r in rows]
     for _ in range(2):  # the second time from the cache, when it holds them
-        assert view.records_json(rows) == reference_records_json(view, rows)
+        assert view.records_json(ids) == reference_records_json(data, rows)
     assert view.rendered.bytes <= budget
     assert len(view.rendered) == (4 if budget == 10**9 else 0)
 

@@ -15,14 +15,13 @@ import pytest
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
 
-sys.path.insert(0, str(Path(__file__).parent))
-import test_service_jobs  # noqa: E402
 
-from cropi_service.jobs.table import JobStore  # noqa: E402
-from cropi_service.jobs.runner import RayLauncher, Runner  # noqa: E402
-from cropi_service.base.settings import ServiceSettings  # noqa: E402
+from cropi_service.jobs.table import JobStore
+from cropi_service.jobs.runner import RayLauncher, Runner
+from cropi_service.base.settings import ServiceSettings
+from support import service_jobs
 
-JOBS = test_service_jobs.__name__
+JOBS = service_jobs.__name__
 
 
 def wait_until(cond, timeout: float, what: str) -> None:

@@ -18,18 +18,17 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-sys.path.insert(0, str(Path(__file__).parent))
-import test_service_jobs  # noqa: E402
-from test_service_hostile import AUTH, KINDS, TOKEN, stored, svc  # noqa: E402,F401
 
-from cropi.store import CheckpointRef, GradientStore  # noqa: E402
-from cropi_service.api.app import create_app  # noqa: E402
-from cropi_service.base.errors import PathOutsideRootsError  # noqa: E402
-from cropi_service.domain.registry import CheckpointRow, Registry, new_id  # noqa: E402
-from cropi_service.domain.service import scoring_key  # noqa: E402
-from cropi_service.base.settings import ServiceSettings  # noqa: E402
-from cropi_service.options.params import scoring_request  # noqa: E402
-from cropi_service.jobs.table import JobStore  # noqa: E402
+from cropi.store import CheckpointRef, GradientStore
+from cropi_service.api.app import create_app
+from cropi_service.base.errors import PathOutsideRootsError
+from cropi_service.domain.registry import CheckpointRow, Registry, new_id
+from cropi_service.domain.service import scoring_key
+from cropi_service.base.settings import ServiceSettings
+from cropi_service.options.params import scoring_request
+from cropi_service.jobs.table import JobStore
+from support.service import AUTH, TOKEN, stored, svc
+from support import service_jobs
 
 
 def add_validation(client, settings, name: str) -> str:
@@ -199,7 +198,7 @@ def test_restarts_do_not_fail_a_job_and_a_killed_worker_is_retried(tmp_path):
                                max_attempts=2)
     jobs = JobStore(settings.db_path)
     work = tmp_path / "work"
-    job = jobs.create("steps", f"{test_service_jobs.__name__}:steps_job",
+    job = jobs.create("steps", f"{service_jobs.__name__}:steps_job",
                       {"dir": str(work), "steps": 30, "sleep": 0.1})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
     logs = tmp_path / "runner.log"

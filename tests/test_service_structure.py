@@ -123,3 +123,13 @@ def test_serve_is_an_entry_point_of_the_service_package():
     # the README's `cropi serve --root ... --data-root ...`: the plugin gets argv from the command name on
     a = build_parser().parse_args(["serve", "--root", "/r", "--data-root", "/d"])
     assert a.command == "serve" and a.root == "/r" and a.data_roots == ["/d"]
+
+
+def test_no_test_module_imports_another():
+    for path in (REPO / "tests").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [n for n in names if n.split(".")[0].startswith("test_")], path  # shared parts: tests/support
+        assert "sys.path.insert" not in path.read_text() or path.name == "test_service_structure.py", path
+

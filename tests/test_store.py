@@ -29,44 +29,19 @@ from cropi.store import shard_io
 from cropi.store.gradient_table import vectors_from_arrow
 from cropi.store.sharded import ShardWriter
 from cropi.utils import fsio
+from support.store import CKPT, DIM, SPEC, grad_row, open_split, write_grads
 
 REPO = Path(__file__).resolve().parents[1]
-DIM = 16
-CKPT = CheckpointRef(name="ckpt-1", fingerprint="fp-aaaa")
-SPEC = {"kind": "sjlt", "dim": DIM, "seed": 0, "spec_id": "spec0"}
 
 
 # ---------------------------------------------------------------- helpers
-
-def open_split(root, dtype="float32", spec=SPEC, checkpoint=CKPT, split="pool", dim=DIM):
-    return GradientStore(str(root)).split(checkpoint, spec, split, dim=dim, dtype=dtype,
-                                          extra={"loss": {"clip_eps": None}})
-
-
-def grad_row(pid: str, dim: int = DIM, salt: str = "") -> dict:
-    """A gradient row that is a pure function of the prompt id (so runs can be compared)."""
-    rng = np.random.default_rng(int(hashlib.sha256((salt + pid).encode()).hexdigest()[:12], 16))
-    return dict(prompt_id=pid, vector=rng.standard_normal(dim), raw_norm=float(rng.exponential()),
-                n_responses=int(rng.integers(1, 9)), reward_mean=float(rng.random()),
-                reward_std=float(rng.random()), n_tokens=int(rng.integers(1, 10**6)),
-                status=GRADIENT_STATUSES[int(rng.integers(0, len(GRADIENT_STATUSES)))])
-
-
-def write_grads(split, writer_id, pids, rows_per_shard=4, salt=""):
-    """Write the gradients of ``pids`` this split lacks (a resumable job in miniature)."""
-    done = split.committed_prompt_ids()
-    with split.writer(writer_id, rows_per_shard=rows_per_shard) as w:
-        for pid in pids:
-            if pid not in done:
-                w.append(**grad_row(pid, split.dim, salt))
-
 
 def files_of(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def shard_files(split) -> list[Path]:
-    return sorted(Path(split.dataset.path, "shards").iterdir())
+    return sorted(p for p in Path(split.dataset.path, "shards").iterdir() if p.suffix != shard_io.KEYS_SUFFIX)
 
 
 def traj_rows(pid: str, k: int = 4, prompt_len: int = 3, seed: int = 0) -> list[dict]:
@@ -286,6 +261,8 @@ def test_sigkilled_writer_leaves_nothing_partial_and_resumes(tmp_path, kill_poin
     assert split.read().prompt_ids == pids[:4]
     write_grads(split, "w0", pids, rows_per_shard=2)
     assert not any(f.name == leftovers[0] for f in shard_files(split))
+    sidecars = sorted(p.name for p in Path(split.dataset.path, "shards").glob("*" + shard_io.KEYS_SUFFIX))
+    assert sidecars == sorted(e["file"] + shard_io.KEYS_SUFFIX for e in split.dataset.commits()["w0"])
     clean = open_split(tmp_path / "clean")
     write_grads(clean, "w0", pids, rows_per_shard=2)
     assert split.dataset.read().equals(clean.dataset.read())
@@ -298,9 +275,12 @@ def test_writer_only_removes_its_own_orphans(tmp_path):
     (shards / "b-000000.arrow").write_bytes(b"in flight")  # another worker, mid-commit
     (shards / "a-000007.arrow").write_bytes(b"killed")
     (shards / "a-000008.arrow.tmp-0123abcd").write_bytes(b"half")
+    (shards / "a-000008.arrow.keys").write_bytes(b"[]")  # a killed commit's keys sidecar
+    (shards / "b-000000.arrow.keys").write_bytes(b"[]")
     write_grads(split, "a", ["y"])
     names = sorted(f.name for f in shards.iterdir())
-    assert names == ["a-000000.arrow", "a-000009.arrow", "b-000000.arrow"]  # numbering never reuses
+    assert names == ["a-000000.arrow", "a-000000.arrow.keys", "a-000009.arrow", "a-000009.arrow.keys",
+                     "b-000000.arrow", "b-000000.arrow.keys"]  # numbering never reuses
     assert split.read().prompt_ids == ["x", "y"]
 
 
@@ -347,10 +327,13 @@ def test_every_read_hashes_the_bytes_it_parses(tmp_path, monkeypatch):
     hashed = []
     real = shard_io.read_verified
     monkeypatch.setattr(shard_io, "read_verified", lambda *a: hashed.append(a[3]["file"]) or real(*a))
+    sidecars = []
+    real_keys = shard_io.read_keys
+    monkeypatch.setattr(shard_io, "read_keys", lambda *a: sidecars.append(a[3]["file"]) or real_keys(*a))
     split.read()
     split.read()
-    split.committed_prompt_ids()
-    assert len(hashed) == 9  # 3 shards x 3 reads, none skipped as "verified before"
+    split.committed_prompt_ids()  # the keys sidecars, each checked against its own sha256
+    assert len(hashed) == 6 and len(sidecars) == 3  # 3 shards x 2 reads + 3 sidecars, none skipped
 
 
 def test_a_table_already_read_does_not_change_with_the_file(tmp_path):
@@ -835,7 +818,7 @@ def _child_main(root: str, kill_point: str, pids: list[str]) -> None:
         seen = []
 
         def hook(path, data):
-            if "/shards/" in path:
+            if "/shards/" in path and shard_io.KEYS_SUFFIX not in path:  # the shard, not its keys sidecar
                 seen.append(path)
                 if len(seen) == 3:
                     Path(path).write_bytes(data[: len(data) // 2])

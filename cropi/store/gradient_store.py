@@ -13,13 +13,15 @@ import pyarrow.fs as pafs
 from cropi.errors import InvalidInputError, MismatchError, NotFoundError
 from cropi.store.gradient_table import GradientTable
 from cropi.store.gradient_writer import GradientWriter
+from cropi.store.key_index import KeyIndex
+from cropi.store.part_cache import PartCache
 from cropi.store.sharded import ShardedDataset, check_name
 from cropi.store.types import (DTYPES, GRADIENT_STATUSES, LEGACY_OPTIONAL_COUNTS, CheckpointRef, GradientRecord,
                                gradient_schema, legacy_schema)
 from cropi.utils.fsio import file_exists, resolve
 
 __all__ = ["DTYPES", "GRADIENT_STATUSES", "CheckpointRef", "GradientRecord", "GradientSplit", "GradientStore",
-           "GradientWriter", "gradient_schema"]
+           "GradientWriter", "SplitReader", "gradient_schema"]
 
 
 class GradientStore:
@@ -117,7 +119,50 @@ class GradientSplit:
     def committed_prompt_ids(self) -> set[str]:
         return self.dataset.committed_keys()
 
+    def index(self) -> KeyIndex:
+        """Where each prompt's gradient lives; reads the shards' keys, no vectors."""
+        return self.dataset.key_index()
+
+    def take(self, prompt_ids: list[str], index: KeyIndex | None = None,
+             cache: PartCache | None = None) -> GradientTable:
+        """The gradients of ``prompt_ids``, in that order, reading and verifying only the record
+        batches that hold them (see ``ShardedDataset.take``)."""
+        return GradientTable.from_arrow(self.dataset.take(list(prompt_ids), index, cache), self.checkpoint,
+                                        self.spec, self.split, self.dim, self.dtype)
+
     def read(self, verify: bool = True) -> GradientTable:
         """Every committed gradient (first occurrence of each prompt), checksums verified."""
         return GradientTable.from_arrow(self.dataset.read(verify), self.checkpoint, self.spec, self.split,
                                         self.dim, self.dtype)
+
+
+class SplitReader:
+    """A split open for lookups: its key index built once, gradients read a record batch at a time
+    through ``cache`` (shared by every reader of a process, so its budget bounds them all)."""
+
+    def __init__(self, split: GradientSplit, cache: PartCache | None = None):
+        self.gradients, self.cache = split, cache
+        self.index = split.index()
+        self.checkpoint, self.spec, self.split = split.checkpoint, split.spec, split.split
+        self.dim, self.dtype = split.dim, split.dtype
+
+    @property
+    def spec_id(self) -> str:
+        return self.spec.get("spec_id", "")
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __contains__(self, prompt_id: str) -> bool:
+        return prompt_id in self.index
+
+    def take(self, prompt_ids: list[str]) -> GradientTable:
+        return self.gradients.take(prompt_ids, self.index, self.cache)
+
+    def cached(self, prompt_ids: list[str]) -> GradientTable | None:
+        """``take(prompt_ids)`` when every record batch needed is in the cache, else None: never reads."""
+        table = self.gradients.dataset.take(list(prompt_ids), self.index, self.cache, cached_only=True)
+        if table is None:
+            return None
+        s = self.gradients
+        return GradientTable.from_arrow(table, s.checkpoint, s.spec, s.split, s.dim, s.dtype)

@@ -1,16 +1,25 @@
 """Shard files and commit files of a sharded dataset: write, list, verify, load.
 
-A shard is read whole into memory this process owns, and those very bytes are
-checked against the size and sha256 its commit recorded before they are parsed.
-Nothing is memory-mapped: a file edited or truncated in place after a read can
-neither change a table already handed out nor crash the reader (SIGBUS), and
-every read that loads bytes from disk verifies them (no "verified before" cache
-that a same-size, same-mtime edit could slip past).
+A shard is read into memory this process owns, and those very bytes are checked
+against the size and sha256 its commit recorded before they are parsed. Nothing is
+memory-mapped: a file edited or truncated in place after a read can neither change
+a table already handed out nor crash the reader (SIGBUS), and every read that loads
+bytes from disk verifies them (no "verified before" cache that a same-size,
+same-mtime edit could slip past).
+
+An Arrow IPC shard is written as record batches of about ``PART_BYTES`` each, and its
+commit entry records, besides the whole file's sha256, each batch's place and sha256
+(``batches``: ``[offset, bytes, rows, sha256]`` lists) and the sha256 of a sidecar
+``<shard>.keys`` holding its keys in row order (``keys``: ``[bytes, sha256]``). A lookup
+then reads and verifies only the batches that hold the asked rows (``read_part``), and
+an index of keys reads only the sidecars (``read_keys``). Entries written before these
+fields existed are read whole, as before.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 
 import pyarrow as pa
@@ -24,6 +33,10 @@ from cropi.utils.fsio import TMP_MARK, atomic_write_bytes, read_json, sha256_byt
 EXTENSIONS = {"ipc": "arrow", "parquet": "parquet"}
 _ENTRY_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-\d{6,}\.(arrow|parquet)$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+KEYS_SUFFIX = ".keys"
+# The unit a lookup reads and verifies: big enough that a shard's entry stays short (about 16
+# rows at k=8192 in float16), small enough that one row costs a fraction of a millisecond.
+PART_BYTES = 256 * 1024
 
 
 def commit_path(base: str, writer_id: str) -> str:
@@ -77,6 +90,30 @@ def entry_problem(entry, writer_id: str) -> str | None:
         return f"sha256 {entry['sha256']!r} is not a hex sha256"
     if not isinstance(first, str) or not isinstance(last, str) or first > last:
         return f"key range {first!r}..{last!r} is not an ordered pair of strings"
+    return _parts_problem(entry)
+
+
+def _is_count(n, low: int = 1) -> bool:
+    return not isinstance(n, bool) and isinstance(n, int) and n >= low
+
+
+def _parts_problem(entry: dict) -> str | None:
+    """What is wrong with an entry's optional ``batches`` and ``keys`` fields, or None."""
+    keys = entry.get("keys")
+    if keys is not None and not (isinstance(keys, list) and len(keys) == 2 and _is_count(keys[0])
+                                 and isinstance(keys[1], str) and _SHA256.match(keys[1])):
+        return f"keys {keys!r} is not [bytes, sha256]"
+    batches = entry.get("batches")
+    if batches is None:
+        return None
+    end, rows = 0, 0
+    for b in batches if isinstance(batches, list) else [None]:
+        if not (isinstance(b, list) and len(b) == 4 and _is_count(b[0], 0) and _is_count(b[1])
+                and _is_count(b[2]) and isinstance(b[3], str) and _SHA256.match(b[3])) or b[0] < end:
+            return f"batch {b!r} is not [offset, bytes, rows, sha256] after the previous one"
+        end, rows = b[0] + b[1], rows + b[2]
+    if end > entry["bytes"] or rows != entry["rows"]:
+        return f"its batches cover {rows} rows up to byte {end}, the shard has {entry['rows']} rows, {entry['bytes']} bytes"
     return None
 
 
@@ -86,9 +123,9 @@ def write_commit(fs: pafs.FileSystem, base: str, writer_id: str, entries: list[d
 
 def remove_orphans(fs: pafs.FileSystem, base: str, writer_id: str, fmt: str, entries: list[dict]) -> int:
     """Delete this writer's shard and temporary files no commit lists; return the next sequence number."""
-    pattern = re.compile(rf"^{re.escape(writer_id)}-(\d{{6,}})\.{EXTENSIONS[fmt]}"
+    pattern = re.compile(rf"^{re.escape(writer_id)}-(\d{{6,}})\.{EXTENSIONS[fmt]}({re.escape(KEYS_SUFFIX)})?"
                          rf"({re.escape(TMP_MARK)}[0-9a-f]+)?$")
-    listed = {e["file"] for e in entries}
+    listed = {e["file"] for e in entries} | {e["file"] + KEYS_SUFFIX for e in entries if "keys" in e}
     seqs = [-1]
     for name in _names(fs, f"{base}/shards"):
         m = pattern.match(name)
@@ -104,24 +141,51 @@ def remove_orphans(fs: pafs.FileSystem, base: str, writer_id: str, fmt: str, ent
 
 
 def serialize(table: pa.Table, fmt: str) -> bytes:
-    sink = pa.BufferOutputStream()
     if fmt == "ipc":
-        with pa.ipc.new_file(sink, table.schema) as w:
-            w.write_table(table)
-    else:
-        pq.write_table(table, sink, compression="zstd")
+        return serialize_ipc(table)[0]
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
     return sink.getvalue().to_pybytes()
+
+
+def serialize_ipc(table: pa.Table) -> tuple[bytes, list[list]]:
+    """An Arrow IPC file of ``table`` in batches of about ``PART_BYTES``, and each batch's
+    ``[offset, bytes, rows, sha256]`` in the file."""
+    rows = max(1, PART_BYTES * max(1, table.num_rows) // max(1, table.nbytes))
+    sink = pa.BufferOutputStream()
+    spans = []
+    with pa.ipc.new_file(sink, table.schema) as w:
+        for batch in table.to_batches(max_chunksize=rows):
+            before = sink.tell()
+            w.write_batch(batch)
+            # the writer puts the file's head before the first batch: measure that one alone
+            size = batch.serialize().size if not spans else sink.tell() - before
+            spans.append((sink.tell() - size, size, batch.num_rows))
+    data = sink.getvalue().to_pybytes()
+    view = memoryview(data)
+    return data, [[o, n, r, hashlib.sha256(view[o:o + n]).hexdigest()] for o, n, r in spans]
+
+
+def encode_keys(keys: list[str]) -> bytes:
+    return json.dumps(keys, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def write_shard(fs: pafs.FileSystem, base: str, writer_id: str, seq: int, fmt: str,
                 table: pa.Table, keys: list[str]) -> dict:
-    """Write one shard file atomically; return its commit entry."""
-    data = serialize(table, fmt)
+    """Write one shard file (and, for IPC, its keys sidecar) atomically; return its commit entry."""
     file = f"{writer_id}-{seq:06d}.{EXTENSIONS[fmt]}"
+    parts = {}
+    if fmt == "ipc":
+        data, batches = serialize_ipc(table)
+        key_bytes = encode_keys(keys)
+        atomic_write_bytes(fs, shard_path(base, file) + KEYS_SUFFIX, key_bytes)
+        parts = {"batches": batches, "keys": [len(key_bytes), sha256_bytes(key_bytes)]}
+    else:
+        data = serialize(table, fmt)
     atomic_write_bytes(fs, shard_path(base, file), data)
     # first_key/last_key are the smallest and largest key: lets readers skip shards.
     return {"file": file, "rows": table.num_rows, "bytes": len(data), "sha256": sha256_bytes(data),
-            "first_key": min(keys), "last_key": max(keys)}
+            "first_key": min(keys), "last_key": max(keys)} | parts
 
 
 def _corrupt(base: str, writer_id: str, entry: dict, why: str) -> CorruptDataError:
@@ -177,3 +241,56 @@ def load_shard(fs: pafs.FileSystem, base: str, writer_id: str, entry: dict, fmt:
                                f"{hi.as_py()!r}: the commit file was changed. Restore it, or remove that entry "
                                f"and rerun writer {writer_id} to recompute those rows")
     return table.select(columns) if columns else table
+
+
+def _read_range(base: str, writer_id: str, entry: dict, path: str, fs: pafs.FileSystem, offset: int,
+                size: int, total: int) -> pa.Buffer:
+    """``size`` bytes at ``offset`` of a file that must be ``total`` bytes long, into owned memory."""
+    try:
+        with fs.open_input_file(path) as f:
+            if f.size() != total:
+                raise _corrupt(base, writer_id, entry, f"({path.rsplit('/', 1)[-1]}) has {f.size()} bytes, "
+                                                       f"committed {total}")
+            f.seek(offset)
+            data = f.read_buffer(size)
+    except FileNotFoundError as e:
+        raise _corrupt(base, writer_id, entry, f"({path.rsplit('/', 1)[-1]}) is missing") from e
+    except OSError as e:
+        raise _corrupt(base, writer_id, entry, f"cannot be read ({e})") from e
+    if data.size != size:
+        raise _corrupt(base, writer_id, entry, f"gave {data.size} bytes at offset {offset}, expected {size}")
+    return data
+
+
+def _check_sha(base: str, writer_id: str, entry: dict, data: pa.Buffer, want: str, what: str) -> None:
+    got = hashlib.sha256(memoryview(data)).hexdigest()
+    if got != want:
+        raise _corrupt(base, writer_id, entry, f"fails the checksum of its {what} (sha256 {got[:12]}..., "
+                                               f"committed {want[:12]}...): it was changed after it was written")
+
+
+def read_keys(fs: pafs.FileSystem, base: str, writer_id: str, entry: dict) -> list[str]:
+    """A shard's keys in row order, from its verified sidecar (the entry must have ``keys``)."""
+    size, sha = entry["keys"]
+    path = shard_path(base, entry["file"]) + KEYS_SUFFIX
+    data = _read_range(base, writer_id, entry, path, fs, 0, size, size)
+    _check_sha(base, writer_id, entry, data, sha, "keys sidecar")
+    keys = json.loads(memoryview(data).tobytes())
+    if not isinstance(keys, list) or len(keys) != entry["rows"] or not all(isinstance(k, str) for k in keys):
+        raise _corrupt(base, writer_id, entry, f"has a keys sidecar that is not {entry['rows']} strings")
+    return keys
+
+
+def read_part(fs: pafs.FileSystem, base: str, writer_id: str, entry: dict, index: int,
+              schema: pa.Schema) -> pa.RecordBatch:
+    """Batch ``index`` of a committed IPC shard: only its bytes read, into owned memory, and verified."""
+    offset, size, rows, sha = entry["batches"][index]
+    data = _read_range(base, writer_id, entry, shard_path(base, entry["file"]), fs, offset, size, entry["bytes"])
+    _check_sha(base, writer_id, entry, data, sha, f"batch {index}")
+    try:
+        batch = pa.ipc.read_record_batch(pa.ipc.read_message(pa.BufferReader(data)), schema)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise _corrupt(base, writer_id, entry, f"batch {index} cannot be parsed ({e})") from e
+    if batch.num_rows != rows:
+        raise _corrupt(base, writer_id, entry, f"batch {index} has {batch.num_rows} rows, committed {rows}")
+    return batch

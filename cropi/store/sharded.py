@@ -12,6 +12,10 @@ commit file lists it; a file no commit lists is a killed run's leftover and is
 deleted when that writer reopens. Reads go writer by writer (sorted by id), shard
 by shard, and keep the first occurrence of each key. Every shard read is checked
 against its commit entry (size, sha256, rows, key range; see shard_io).
+
+A lookup of a few keys (``take``) reads only the parts that hold them, each verified
+against its own checksum, through a ``KeyIndex`` built from the shards' keys sidecars
+and an optional ``PartCache`` of verified parts.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from cropi.errors import CorruptDataError, InvalidInputError
+from cropi.errors import CorruptDataError, InvalidInputError, NotFoundError
 from cropi.store import manifest as mf
 from cropi.store import shard_io
+from cropi.store.key_index import KeyIndex, Part
+from cropi.store.part_cache import PartCache
 from cropi.store.schema import check_table, conform
 from cropi.utils.fsio import resolve
 
@@ -89,8 +95,66 @@ class ShardedDataset:
         out: set[str] = set()
         for w, entries in self.commits().items():
             for e in entries:
-                out.update(self._load(w, e, columns=[self.key]).column(0).to_pylist())
+                out.update(self.shard_keys(w, e))
         return out
+
+    def shard_keys(self, writer_id: str, entry: dict) -> list[str]:
+        """One shard's keys in row order: from its verified sidecar, or (older shards) its verified file."""
+        if "keys" in entry:
+            return shard_io.read_keys(self.fs, self.path, writer_id, entry)
+        return self._load(writer_id, entry, columns=[self.key]).column(0).to_pylist()
+
+    def key_index(self) -> KeyIndex:
+        """Where every key lives (first occurrence wins); reads the keys sidecars, no vectors."""
+        index = KeyIndex()
+        for w, entries in self.commits().items():
+            for e in entries:
+                index.add(w, e, self.shard_keys(w, e))
+        return index.finish()
+
+    def take(self, keys: list[str], index: KeyIndex | None = None, cache: PartCache | None = None, *,
+             cached_only: bool = False) -> pa.Table | None:
+        """The rows of ``keys``, in that order, reading and verifying only the parts that hold them.
+
+        NotFoundError names keys the dataset does not hold. ``index`` (from ``key_index``) and
+        ``cache`` are the caller's to keep between calls; without them each call builds its own.
+        ``cached_only``: None unless every part needed is in ``cache`` (no I/O at all).
+        """
+        index = index if index is not None else self.key_index()
+        places = [index.locate(k) for k in keys]
+        missing = [k for k, p in zip(keys, places) if p is None]
+        if missing:
+            raise NotFoundError(f"{len(missing)} of {len(keys)} keys are not in {self.path}: {missing[:5]}")
+        wanted = sorted({p for p, _ in places})
+        if cached_only:
+            found = {p: cache.peek((self.path, *index.parts[p].key)) for p in wanted} if cache else {}
+            if not found or any(v is None for v in found.values()):
+                return None
+        rows_of: dict[int, list[int]] = {}
+        for p, r in places:
+            rows_of.setdefault(p, []).append(r)
+        pieces, at = [], {}
+        for p in wanted:  # one part held at a time: only the asked rows are kept from each
+            rows = sorted(set(rows_of[p]))
+            at |= {(p, r): len(at) + i for i, r in enumerate(rows)}
+            pieces.append(self._part(index.parts[p], cache).take(pa.array(rows, pa.int64())))
+        table = pa.Table.from_batches(pieces, schema=self.schema) if pieces else self.schema.empty_table()
+        out = table.take(pa.array([at[pr] for pr in places], pa.int64()))
+        if out.column(self.key).to_pylist() != list(keys):
+            raise CorruptDataError(f"the keys index of {self.path} does not match its verified shards (a commit "
+                                   "file was changed after its shards were written); restore it, or remove "
+                                   "the changed entries and rerun their writers")
+        return out
+
+    def _part(self, part: Part, cache: PartCache | None) -> pa.RecordBatch:
+        def load() -> pa.RecordBatch:
+            if part.batch is None:
+                return self._load(part.writer, part.entry).combine_chunks().to_batches()[0]
+            batch = shard_io.read_part(self.fs, self.path, part.writer, part.entry, part.batch, self.schema)
+            return pa.record_batch(batch.columns, schema=self.schema)
+        if cache is None:
+            return load()
+        return cache.get((self.path, *part.key), part.nbytes, load)
 
     def iter_shards(self, verify: bool = True, keys: set[str] | None = None) -> Iterator[pa.Table]:
         """Committed shards in (writer_id, seq) order, each without keys seen before.

@@ -42,7 +42,7 @@ class Task:
     target's validation and test split, ``warmstart``), no problem in two splits, the same
     records for the same seed. ``sizes`` here are the largest the demo may ask for: every
     demo split is a prefix of the split drawn at that size. ``warm_start`` holds the fields
-    of ``cropi.demo.warmstart.WarmStartConfig`` (the recipe; its ``stop_at`` is the
+    of ``cropi.models.warmstart.WarmStartConfig`` (the recipe; its ``stop_at`` is the
     snapshot the design criteria picked). ``response_text`` is what the warm start teaches
     the model to answer (default: the answer itself).
     """

@@ -54,7 +54,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def cropi_error(request: Request, exc: CropiError) -> JSONResponse:
         if exc.http_status >= 500:
             log.error("request failed", extra={"path": request.url.path, "code": exc.code, "error": str(exc)})
-        return error_response(exc.http_status, exc.code, str(exc))
+        response = error_response(exc.http_status, exc.code, str(exc))
+        if getattr(exc, "retry_after_s", None) is not None:  # a 429: when trying again makes sense
+            response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -89,7 +92,8 @@ def create_app(settings: ServiceSettings, *, library: Library | None = None, kin
     jobs = JobStore(settings.db_path)
     registry = Registry(settings.db_path)
     job_runner = Runner(settings, jobs, kinds or {})
-    svc = Service(settings, library or CropiLibrary(settings.root), job_runner, jobs, registry)
+    library = library or CropiLibrary(settings.root, int(settings.gradient_cache_mb * 2**20))
+    svc = Service(settings, library, job_runner, jobs, registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
@@ -63,23 +64,38 @@ class AccessLog:
                                        "status": status, "ms": round(elapsed * 1000, 2)})
 
 
+ANONYMOUS = "anonymous"  # the caller when no token is configured (loopback only)
+
+
+def caller_of(token: bytes) -> str:
+    """A caller's name in job rows and logs: a hash of its token, never the token."""
+    return "token-" + hashlib.sha256(token).hexdigest()[:12]
+
+
 class BearerAuth:
-    """With a token configured, every path but the health check needs ``Authorization: Bearer <token>``."""
+    """With tokens configured, every path but the health check needs exactly one ``Authorization: Bearer
+    <token>`` header with one of them; the request's ``state.caller`` names whose token it was."""
 
     def __init__(self, app: ASGIApp, token: str | None):
         self.app = app
-        self.token = token.encode() if token else None
+        self.tokens = [t.strip().encode() for t in (token or "").splitlines() if t.strip()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.token is None or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or not self.tokens or scope["path"] in OPEN_PATHS:
+            if scope["type"] == "http":
+                scope.setdefault("state", {})["caller"] = ANONYMOUS
             return await self.app(scope, receive, send)
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, given = header.partition(b" ")
-        # compare_digest takes time independent of where the strings differ
-        if scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token):
+        headers = [v for k, v in scope["headers"] if k == b"authorization"]
+        scheme, _, given = (headers[0] if headers else b"").partition(b" ")
+        # compare_digest takes time independent of where the strings differ; every token is compared
+        matches = [t for t in self.tokens if hmac.compare_digest(given.strip(), t)]
+        if len(headers) == 1 and scheme.lower() == b"bearer" and matches:
+            scope.setdefault("state", {})["caller"] = caller_of(matches[0])
             return await self.app(scope, receive, send)
-        err = UnauthorizedError("missing or wrong token: send the header 'Authorization: Bearer <token>' "
-                                "with the token the service was started with")
+        err = UnauthorizedError(
+            f"{len(headers)} Authorization headers: send exactly one" if len(headers) > 1 else
+            "missing or wrong token: send the header 'Authorization: Bearer <token>' "
+            "with the token the service was started with")
         await send_error(send, err.http_status, err.code, str(err), [(b"www-authenticate", b"Bearer")])
 
 

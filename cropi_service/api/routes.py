@@ -35,6 +35,11 @@ def service(request: Request) -> Service:
     return request.app.state.service
 
 
+def caller(request: Request) -> str | None:
+    """Whose token the request carried (set by the auth middleware)."""
+    return getattr(request.state, "caller", None)
+
+
 def wants_arrow(accept: str | None) -> bool:
     return bool(accept) and ARROW_STREAM in accept
 
@@ -75,7 +80,7 @@ def get_dataset(dataset_id: Id, request: Request) -> dict:
 @router.post("/v1/checkpoints", status_code=202, response_model=models.CheckpointCreated, tags=["checkpoints"])
 def create_checkpoint(body: CheckpointCreate, request: Request) -> dict:
     """Register a checkpoint and start its scoring job; answers at once with the job id."""
-    row = service(request).add_checkpoint(body)
+    row = service(request).add_checkpoint(body, caller(request))
     return {"id": row.id, "job_id": row.job_id}
 
 
@@ -146,7 +151,7 @@ def get_gradients(checkpoint_id: Id, body: models.GradientBatchRequest, request:
 @router.post("/v1/curricula", status_code=202, response_model=models.CurriculumCreated, tags=["curricula"])
 def create_curriculum(body: CurriculumCreate, request: Request) -> dict:
     """Start a staged CROPI curriculum (score, select, train, repeat)."""
-    row = service(request).add_curriculum(body)
+    row = service(request).add_curriculum(body, caller(request))
     return {"id": row.id, "job_id": row.job_id}
 
 

@@ -66,3 +66,21 @@ class RankingConflictError(ConflictError):
     """A checkpoint name and spec already scored from other inputs: a new scoring would replace its ranking."""
 
     code = "ranking_conflict"
+
+
+class ResponseTooLargeError(CropiError):
+    """The answer asked for would be larger than ``max_response_mb``."""
+
+    code = "response_too_large"
+    http_status = 413
+
+
+class BusyError(CropiError):
+    """A limit on work in flight is reached (queued jobs, batches being served, registrations)."""
+
+    code = "busy"
+    http_status = 429
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -47,7 +47,21 @@ class ServiceSettings(BaseSettings):
                             "stamp is due for a look (version_ttl_s) takes the full route, so with "
                             "version_ttl_s=0 none is fast")
     render_cache_mb: float = Field(default=64.0, ge=0, description="memory for rendered JSON gradient records, "
-                                   "per loaded split (0: render every request)")
+                                   "all splits together (0: render every request)")
+    gradient_cache_mb: float = Field(default=512.0, ge=0, description="memory for verified record batches of "
+                                     "stored gradients, all splits together (a lookup reads the 256 KB batch "
+                                     "holding its prompt)")
+    max_response_mb: float = Field(default=64.0, gt=0, description="largest gradients response (JSON or Arrow, "
+                                   "estimated before anything is read); a larger batch is refused with 413 "
+                                   "saying how many ids fit")
+    heavy_requests: int = Field(default=4, ge=1, description="gradient batches served at once; more wait their "
+                                "turn (at most heavy_wait_s, then 429)")
+    heavy_wait_s: float = Field(default=10.0, ge=0, description="how long a gradient batch waits for its turn")
+    max_queued_per_caller: int = Field(default=16, ge=1, description="queued jobs one caller (token) may have; "
+                                       "past it a submission is answered 429 with Retry-After")
+    max_queued: int = Field(default=256, ge=1, description="queued jobs in all; past it, 429 with Retry-After")
+    max_registrations: int = Field(default=2, ge=1, description="dataset registrations (each reads its prompt "
+                                   "file) in progress at once; more are answered 429 at once")
     # Extra or replacement job kinds: kind -> "module:function". For plugins and tests.
     job_kinds: dict[str, str] = Field(default_factory=dict)
 
@@ -68,6 +82,11 @@ class ServiceSettings(BaseSettings):
         roots = self.data_roots or [self.root]
         self.data_roots = [Path(os.path.realpath(r)) for r in roots]
         return self
+
+    @property
+    def tokens(self) -> list[str]:
+        """The accepted tokens: one per line of the token (each line is one caller)."""
+        return [t.strip() for t in (self.token or "").splitlines() if t.strip()]
 
     @property
     def state_dir(self) -> Path:

@@ -17,7 +17,7 @@ from cropi.data import load_prompts
 from cropi.errors import InvalidInputError, NotFoundError
 from cropi.pipeline.rank import RankingResult, load_ranking, ranking_path
 from cropi.pipeline.requests import store_path
-from cropi.store import GradientStore, GradientTable
+from cropi.store import GradientStore, GradientTable, PartCache, SplitReader
 
 from ..options.caller import Projection
 from ..options.params import spec_id
@@ -43,7 +43,7 @@ class Library(Protocol):
 
     def gradients_version(self, name: str, spec_id: str, split: str) -> Hashable | None: ...
 
-    def gradients(self, name: str, spec_id: str, split: str) -> GradientTable: ...
+    def gradients(self, name: str, spec_id: str, split: str) -> GradientTable | SplitReader: ...
 
     def curriculum_stages(self, name: str, result: dict[str, Any] | None) -> list[dict[str, Any]]: ...
 
@@ -69,9 +69,11 @@ def tree_stamp(folder: str | os.PathLike) -> tuple:
 class CropiLibrary:
     """``Library`` over the real cropi, reading the store under ``root``."""
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, part_cache_bytes: int = 0):
         self.root = str(root)
         self.store = store_path(root)
+        # verified record batches of every split, one budget for all (the server's gradient memory)
+        self.parts = PartCache(part_cache_bytes)
 
     def count_prompts(self, path: str) -> int:
         return len(load_prompts(path))
@@ -91,8 +93,9 @@ class CropiLibrary:
         # the commit stamp names new shards; the file stamps catch a shard changed in place
         return split_.version(), tree_stamp(split_.dataset.path)
 
-    def gradients(self, name: str, spec_id: str, split: str) -> GradientTable:
-        return GradientStore(self.store).open_split(name, spec_id, split).read()
+    def gradients(self, name: str, spec_id: str, split: str) -> SplitReader:
+        """The split open for lookups: its key index now, its vectors a record batch at a time."""
+        return SplitReader(GradientStore(self.store).open_split(name, spec_id, split), self.parts)
 
     def curriculum_stages(self, name: str, result: dict[str, Any] | None) -> list[dict[str, Any]]:
         """Stages from the finished job's result, or, while it runs, from the curriculum's stored state."""

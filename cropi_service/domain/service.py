@@ -9,30 +9,34 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Hashable, TypeVar
+from typing import Any, Callable, Hashable, Iterator, TypeVar
 
 import pyarrow as pa
 
 from cropi.contracts import POOL
 from cropi.errors import CorruptDataError, CropiError, InvalidInputError
 
-from ..base.errors import NotReadyError, RankingConflictError, UnknownIdError
+from ..base.errors import BusyError, NotReadyError, RankingConflictError, ResponseTooLargeError, UnknownIdError
 from ..base.paths import confine
 from ..base.settings import ServiceSettings
 from ..jobs.runner import Runner
 from ..jobs.table import Job, JobStore
 from ..options.params import CurriculumParams, ScoringParams
 from ..options.requests import CheckpointCreate, CurriculumCreate, DatasetCreate
-from .cache import NotLoaded, VersionedCache
+from .cache import ByteLRU, NotLoaded, VersionedCache
 from .library import Library
 from .registry import CheckpointRow, CurriculumRow, DatasetRow, Registry, new_id
-from .views import ARROW_STREAM, FUSED, GradientView, RankingView
+from .views import ARROW_STREAM, FUSED, GradientView, RankingView, record_bytes_bound
 
 V = TypeVar("V")
 RANKING_CACHE_SIZE = 16
-GRADIENT_CACHE_SIZE = 2  # a split of 100k prompts at k=8192 is over a GB in float16
+# A loaded split is its key index (about 16 bytes a prompt): its vectors are read a record batch at a
+# time into the library's part cache, whose budget (gradient_cache_mb) holds for every split together.
+GRADIENT_CACHE_SIZE = 64
 
 
 def job_view(job: Job) -> dict[str, Any]:
@@ -49,6 +53,9 @@ class Service:
         self.settings, self.library, self.runner, self.jobs, self.registry = settings, library, runner, jobs, registry
         self.rankings: VersionedCache[RankingView] = VersionedCache(RANKING_CACHE_SIZE)
         self.gradient_views: VersionedCache[GradientView] = VersionedCache(GRADIENT_CACHE_SIZE)
+        self.rendered = ByteLRU(int(settings.render_cache_mb * 2**20))  # shared by every split's view
+        self._heavy = threading.BoundedSemaphore(settings.heavy_requests)
+        self._registrations = threading.BoundedSemaphore(settings.max_registrations)
         self._versions: dict[Hashable, tuple[float, Hashable | None]] = {}
         self._done: dict[str, Job] = {}
 
@@ -66,7 +73,13 @@ class Service:
         if not path.is_file() and not path.is_dir():
             raise InvalidInputError(f"no prompt file at {body.path!r} (resolved to {str(path)!r}): "
                                     "check the path; it is read on the service's machine")
-        n = self.library.count_prompts(str(path))
+        if not self._registrations.acquire(blocking=False):
+            raise BusyError(f"{self.settings.max_registrations} dataset registrations are reading their prompt files "
+                            "(max_registrations): register this one when they are done", retry_after_s=5)
+        try:  # reading a large prompt file takes seconds: a few at a time, the other request threads stay free
+            n = self.library.count_prompts(str(path))
+        finally:
+            self._registrations.release()
         if n == 0:
             raise InvalidInputError(f"{body.path!r} holds no prompts: a dataset needs at least one")
         return self.registry.add_dataset(body.name, str(path), body.kind, n)
@@ -93,7 +106,7 @@ class Service:
 
     # checkpoints
 
-    def add_checkpoint(self, body: CheckpointCreate) -> CheckpointRow:
+    def add_checkpoint(self, body: CheckpointCreate, caller: str | None = None) -> CheckpointRow:
         model = self.confine(body.path)
         if not model.is_dir():
             raise InvalidInputError(f"no model folder at {body.path!r} (resolved to {str(model)!r}): a checkpoint "
@@ -122,7 +135,7 @@ class Service:
                 f"checkpoint {earlier.id} was already scored under the name {body.name!r} with this projection "
                 f"spec ({spec_id}) from other inputs (model, datasets, trajectories or options); scoring again "
                 "would replace the ranking it serves. Register this scoring under another name")
-        job = self.runner.submit("scoring", params, key=scoring_key(body.name, spec_id))
+        job = self.runner.submit("scoring", params, key=scoring_key(body.name, spec_id), caller=caller)
         row = CheckpointRow(new_id("ck"), body.name, str(model), pool.id, [v.id for v in validation], spec_id,
                             job.id, time.time(), inputs)
         self.registry.add_checkpoint(row)
@@ -231,24 +244,60 @@ class Service:
         version = self._load(what, lambda: self.library.gradients_version(row.name, row.spec_id, split))
         token = self._token(key, version, row, job, peek)
         load = self._load(what, lambda: GradientView(self.library.gradients(row.name, row.spec_id, split),
-                                                     int(self.settings.render_cache_mb * 2**20)))
+                                                     rendered=self.rendered))
         return row, self._cached(self.gradient_views, key, token, load, peek)
 
     def gradients(self, checkpoint_id: str, prompt_ids: list[str], split: str | None, arrow: bool,
                   peek: bool = False) -> tuple[bytes, str]:
-        """A ``GradientBatch`` of ``prompt_ids`` as JSON bytes, or an Arrow IPC stream; and its media type."""
+        """A ``GradientBatch`` of ``prompt_ids`` as JSON bytes, or an Arrow IPC stream; and its media type.
+
+        Refused (413) when it could exceed ``max_response_mb``; batches wait for one of ``heavy_requests``
+        slots. With ``peek``, NotLoaded unless every record batch needed is in memory."""
         row, view = self.gradient_view(checkpoint_id, split, peek)
-        rows = view.rows(prompt_ids)
-        if arrow:
-            return view.arrow_stream(rows), ARROW_STREAM
-        head = {"checkpoint": row.id, "spec_id": row.spec_id, "split": view.meta.get("split", split), "dim": view.dim}
-        # encoded here, not through the response model: re-validating thousands of floats costs more than the lookup
-        return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":', view.records_json(rows),
-                         b"}")), "application/json"
+        self.check_response_size(view, len(prompt_ids), arrow)
+        with self.heavy_slot(len(prompt_ids)):
+            rows = view.rows(prompt_ids)
+            if arrow:
+                return view.arrow_stream(rows, peek), ARROW_STREAM
+            head = {"checkpoint": row.id, "spec_id": row.spec_id, "split": view.meta.get("split", split),
+                    "dim": view.dim}
+            # encoded here, not through the response model: re-validating thousands of floats costs more than
+            # the lookup
+            return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":',
+                             view.records_json(rows, peek), b"}")), "application/json"
+
+    def check_response_size(self, view: GradientView, n: int, arrow: bool) -> None:
+        """ResponseTooLargeError unless ``n`` records can not exceed ``max_response_mb``, whatever their values."""
+        limit = int(self.settings.max_response_mb * 2**20)
+        each = record_bytes_bound(view.dim, view.dtype, arrow)
+        if n * each > limit:
+            fits = max(1, limit // each)
+            raise ResponseTooLargeError(
+                f"{n} gradients of {view.dim} values can take up to {n * each / 2**20:.0f} MB as "
+                f"{'Arrow' if arrow else 'JSON'}, over this service's limit of {self.settings.max_response_mb:g} MB "
+                f"(max_response_mb): send at most {fits} prompt ids per request and page through the rest"
+                + ("" if arrow else f", or ask for Arrow (Accept: {ARROW_STREAM}), which fits "
+                   f"{max(1, limit // record_bytes_bound(view.dim, view.dtype, True))}"))
+
+    @contextmanager
+    def heavy_slot(self, n: int) -> Iterator[None]:
+        """Batches are served ``heavy_requests`` at a time: the rest wait (up to ``heavy_wait_s``, then 429),
+        so their memory together stays under heavy_requests x max_response_mb. Single lookups go straight."""
+        if n <= 1:
+            yield
+            return
+        if not self._heavy.acquire(timeout=self.settings.heavy_wait_s):
+            raise BusyError(f"{self.settings.heavy_requests} gradient batches are being served (heavy_requests) and "
+                            f"this one waited {self.settings.heavy_wait_s:g} s for its turn: retry later, or send "
+                            "single lookups", retry_after_s=max(1, round(self.settings.heavy_wait_s)))
+        try:
+            yield
+        finally:
+            self._heavy.release()
 
     # curricula
 
-    def add_curriculum(self, body: CurriculumCreate) -> CurriculumRow:
+    def add_curriculum(self, body: CurriculumCreate, caller: str | None = None) -> CurriculumRow:
         model = self.confine(body.path)
         if not model.is_dir():
             raise InvalidInputError(f"no model folder at {body.path!r} (resolved to {str(model)!r})")
@@ -258,7 +307,7 @@ class Service:
                                       fraction=body.fraction, projection=body.projection, options=body.options)
         job_params.library_config()  # the library judges the whole config now, not when the job starts
         params = job_params.model_dump(exclude_none=True)
-        job = self.runner.submit("curriculum", params, key=f"curriculum:{body.name}")
+        job = self.runner.submit("curriculum", params, key=f"curriculum:{body.name}", caller=caller)
         row = CurriculumRow(new_id("cur"), body.name, job.id, time.time())
         self.registry.add_curriculum(row)
         return row

@@ -1,16 +1,18 @@
 """In-memory views of stored results, built once per stored version and served many times.
 
 ``RankingView``: the ranked prompts in fused order (and, on demand, in each validation set's
-order), sliced into pages without touching the store. ``GradientView``: a split's vectors
-with a prompt-id index and per-prompt metadata (ESS and ESS/K included), rendered as JSON
-records or an Arrow IPC stream.
+order), sliced into pages without touching the store. ``GradientView``: a split's gradients
+looked up by prompt id (read a record batch at a time from the store) with per-prompt metadata
+(ESS and ESS/K included), rendered as JSON records or an Arrow IPC stream.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ from .cache import ByteLRU, NotLoaded
 from ..base.errors import UnknownIdError
 
 FUSED = "fused"
+ENCODE_ROWS = 65536
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
 
@@ -72,6 +75,19 @@ def vector_json_bytes(vector: np.ndarray) -> bytes:
         offsets = np.frombuffer(taken.buffers()[1], np.int64)[taken.offset:taken.offset + len(taken) + 1]
         return memoryview(taken.buffers()[2])[offsets[0]:offsets[-1] - 1].tobytes()
     return vector_json(vector).encode()
+
+
+def record_bytes_bound(dim: int, dtype: str, arrow: bool) -> int:
+    """The most bytes one gradient record of ``dim`` values can take in a response, whatever its values
+    (JSON: the longest text of a value; the metadata fields and prompt id at their longest)."""
+    if arrow:
+        return dim * np.dtype(dtype).itemsize + 2048
+    return dim * ((_longest_float16_text() if dtype == "float16" else 24) + 1) + 2048
+
+
+@functools.lru_cache(maxsize=None)
+def _longest_float16_text() -> int:
+    return max(len(t) for t in _float16_text().tolist())
 
 
 def _pylist(values: Any) -> list:
@@ -132,91 +148,128 @@ class RankingView:
             return self._fragments[order]
 
     def _encode(self, table: pa.Table) -> list[bytes]:
-        cols = table.to_pydict()
-        selected = cols.get("selected")
-        scores = [(v, cols[SCORE_PREFIX + v]) for v in self.validation]
-        return [json.dumps({"position": i + 1, "prompt_id": pid, "rank": int(cols["rank"][i]),
-                            "fused": _finite(cols["fused"][i]),
-                            "scores": {v: _finite(s[i]) for v, s in scores},
-                            "selected": selected[i] if selected is not None else None},
-                           allow_nan=False, separators=(",", ":")).encode()
-                for i, pid in enumerate(cols["prompt_id"])]
+        out: list[bytes] = []
+        # a slice at a time: the Python objects of a million rows at once would double the server's memory
+        for start in range(0, table.num_rows, ENCODE_ROWS):
+            cols = table.slice(start, ENCODE_ROWS).to_pydict()
+            selected = cols.get("selected")
+            scores = [(v, cols[SCORE_PREFIX + v]) for v in self.validation]
+            out += [json.dumps({"position": start + i + 1, "prompt_id": pid, "rank": int(cols["rank"][i]),
+                                "fused": _finite(cols["fused"][i]),
+                                "scores": {v: _finite(s[i]) for v, s in scores},
+                                "selected": selected[i] if selected is not None else None},
+                               allow_nan=False, separators=(",", ":")).encode()
+                    for i, pid in enumerate(cols["prompt_id"])]
+        return out
 
 
 class GradientView:
-    """One split's stored vectors with an index from prompt id to row.
+    """One split's stored gradients, looked up by prompt id.
 
-    Rendered JSON records are kept in an LRU of at most ``render_cache_bytes`` (0: none). The
-    cache belongs to this view, which is built for one stored version of the split: when the
-    store changes, a new view (with an empty cache) replaces this one.
+    ``data`` is a ``cropi.store.SplitReader`` (the real store: a key index in memory, vectors read a
+    record batch at a time through the process's bounded part cache) or an in-memory table (tests'
+    fakes). Rendered JSON records go to ``rendered``, an LRU the service shares between views (its
+    budget bounds them all); keys carry this view's own token, so a view built for a newer stored
+    version never serves an older one's records.
     """
 
-    def __init__(self, data: GradientTable, render_cache_bytes: int = 0):
-        self.prompt_ids = list(data.prompt_ids)
-        # an owned copy: the store may hand out zero-copy views of memory-mapped shards, and a
-        # shard truncated under a view held here would kill the server (SIGBUS) on the next read
-        self.vectors = np.array(data.vectors, copy=True, order="C")
-        if self.vectors.ndim != 2 or self.vectors.shape[0] != len(self.prompt_ids):
-            raise InvalidInputError(f"stored vectors have shape {self.vectors.shape} for "
-                                    f"{len(self.prompt_ids)} prompt ids")
-        self.columns = {c: _pylist(data.columns[c]) for c in GRADIENT_META_COLUMNS if c in data.columns}
-        # ESS and ESS/K: absent from splits stored before they existed (null in JSON, no Arrow column)
-        self.optional = {c: _pylist(data.columns[c]) for c in GRADIENT_OPTIONAL_COLUMNS if c in data.columns}
+    def __init__(self, data: Any, render_cache_bytes: int = 0, rendered: ByteLRU | None = None):
+        self.source = data if hasattr(data, "take") else _TableSource(data)
         self.meta = {"checkpoint": data.checkpoint.name, "split": data.split, "spec_id": data.spec_id,
                      "fingerprint": getattr(data.checkpoint, "fingerprint", None)}
-        self.index = {p: i for i, p in enumerate(self.prompt_ids)}
-        self.rendered = ByteLRU(render_cache_bytes)
+        self.dim = int(data.dim) if hasattr(data, "take") else int(self.source.vectors.shape[1])
+        self.dtype = str(data.dtype) if hasattr(data, "take") else str(self.source.vectors.dtype)
+        self.rendered = rendered if rendered is not None else ByteLRU(render_cache_bytes)
+        self._token = object()
 
-    @property
-    def dim(self) -> int:
-        return int(self.vectors.shape[1])
+    def __contains__(self, prompt_id: str) -> bool:
+        return prompt_id in self.source
 
-    def rows(self, prompt_ids: list[str]) -> list[int]:
-        """Row numbers of ``prompt_ids``; UnknownIdError naming the missing ones."""
-        missing = [p for p in prompt_ids if p not in self.index]
+    def rows(self, prompt_ids: list[str]) -> list[str]:
+        """``prompt_ids`` checked; UnknownIdError naming the missing ones."""
+        missing = [p for p in prompt_ids if p not in self.source]
         if missing:
             raise UnknownIdError(f"{len(missing)} prompt id(s) not in split {self.meta.get('split')!r} of "
                                  f"checkpoint {self.meta.get('checkpoint')!r}: {missing[:5]}"
                                  + (" ..." if len(missing) > 5 else "")
                                  + "; GET the ranking for the ids this split holds")
-        return [self.index[p] for p in prompt_ids]
+        return list(prompt_ids)
 
-    def records_json(self, rows: list[int]) -> bytes:
-        """A JSON array of records (metadata fields and the vector) for ``rows``."""
-        return b"".join((b"[", b",".join([self.record_json(r) for r in rows]), b"]"))  # joins: one copy each
+    def records_json(self, prompt_ids: list[str], peek: bool = False) -> bytes:
+        """A JSON array of records (metadata fields and the vector) for ``prompt_ids``, in that order.
+        With ``peek``, NotLoaded unless that needs no read from disk."""
+        done = {p: b for p in dict.fromkeys(prompt_ids) if (b := self.rendered.get((self._token, p))) is not None}
+        todo = [p for p in dict.fromkeys(prompt_ids) if p not in done]
+        if todo:
+            done |= self._render_table(self._take(todo, peek))
+        return b"".join((b"[", b",".join([done[p] for p in prompt_ids]), b"]"))  # joins: one copy each
 
-    def record_json(self, r: int) -> bytes:
-        """Row ``r`` as a JSON record, from the render cache when it was rendered before."""
-        body = self.rendered.get(r)
-        if body is None:
-            body = self.rendered.put(r, self._render(r))
-        return body
+    def _take(self, prompt_ids: list[str], peek: bool) -> Any:
+        if not peek:
+            return self.source.take(prompt_ids)
+        table = self.source.cached(prompt_ids)
+        if table is None:
+            raise NotLoaded(prompt_ids[0])
+        return table
 
-    def _render(self, r: int) -> bytes:
-        meta = {"prompt_id": self.prompt_ids[r]}
-        for c, values in self.columns.items():
-            v = values[r]
-            meta[c] = _finite(v) if isinstance(v, float) else v
-        for c in GRADIENT_OPTIONAL_COLUMNS:
-            meta[c] = _finite(self.optional[c][r]) if c in self.optional else None
-        head = json.dumps(meta, allow_nan=False, separators=(",", ":")).encode()
-        return b"".join((head[:-1], b',"vector":[', vector_json_bytes(self.vectors[r]), b"]}"))
+    def _render_table(self, table: Any) -> dict[str, bytes]:
+        columns = {c: _pylist(table.columns[c]) for c in GRADIENT_META_COLUMNS if c in table.columns}
+        optional = {c: _pylist(table.columns[c]) for c in GRADIENT_OPTIONAL_COLUMNS if c in table.columns}
+        out = {}
+        for r, pid in enumerate(table.prompt_ids):
+            meta = {"prompt_id": pid}
+            for c, values in columns.items():
+                v = values[r]
+                meta[c] = _finite(v) if isinstance(v, float) else v
+            for c in GRADIENT_OPTIONAL_COLUMNS:
+                meta[c] = _finite(optional[c][r]) if c in optional else None
+            head = json.dumps(meta, allow_nan=False, separators=(",", ":")).encode()
+            body = b"".join((head[:-1], b',"vector":[', vector_json_bytes(table.vectors[r]), b"]}"))
+            out[pid] = self.rendered.put((self._token, pid), body)
+        return out
 
-    def arrow_stream(self, rows: list[int]) -> bytes:
+    def arrow_stream(self, prompt_ids: list[str], peek: bool = False) -> bytes:
         """An Arrow IPC stream: prompt_id, vector (fixed-size list in the stored dtype), metadata columns,
         and ``ess``, ``ess_fraction`` (float64, null where unknown) when the split was stored with them."""
-        idx = np.asarray(rows, dtype=np.int64)
-        vecs = np.ascontiguousarray(self.vectors[idx])
-        flat = pa.array(vecs.reshape(-1))
-        cols = {"prompt_id": pa.array([self.prompt_ids[r] for r in rows], pa.string()),
-                "vector": pa.FixedSizeListArray.from_arrays(flat, self.dim)}
-        for c, values in self.columns.items():
-            cols[c] = pa.array([values[r] for r in rows])
-        for c, values in self.optional.items():
-            cols[c] = pa.array([values[r] for r in rows], pa.float64(), from_pandas=True)
+        data = self._take(list(prompt_ids), peek)
+        vecs = np.ascontiguousarray(data.vectors)
+        cols = {"prompt_id": pa.array(list(data.prompt_ids), pa.string()),
+                "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs.reshape(-1)), self.dim)}
+        for c in GRADIENT_META_COLUMNS:
+            if c in data.columns:
+                cols[c] = pa.array(_pylist(data.columns[c]))
+        for c in GRADIENT_OPTIONAL_COLUMNS:
+            if c in data.columns:
+                cols[c] = pa.array(_pylist(data.columns[c]), pa.float64(), from_pandas=True)
         meta = {k: str(v) for k, v in self.meta.items() if v is not None}
         table = pa.table(cols).replace_schema_metadata(meta)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
         return sink.getvalue().to_pybytes()
+
+
+class _TableSource:
+    """An in-memory table (prompt_ids, vectors, columns) with the lookups a ``SplitReader`` has."""
+
+    def __init__(self, data: Any):
+        self.data = data
+        # an owned copy: the store may hand out zero-copy views of memory-mapped shards, and a
+        # shard truncated under a view held here would kill the server (SIGBUS) on the next read
+        self.vectors = np.array(data.vectors, copy=True, order="C")
+        if self.vectors.ndim != 2 or self.vectors.shape[0] != len(data.prompt_ids):
+            raise InvalidInputError(f"stored vectors have shape {self.vectors.shape} for "
+                                    f"{len(data.prompt_ids)} prompt ids")
+        self.columns = {c: np.asarray(v) if not isinstance(v, np.ndarray) else v for c, v in data.columns.items()}
+        self.index = {p: i for i, p in enumerate(data.prompt_ids)}
+
+    def __contains__(self, prompt_id: str) -> bool:
+        return prompt_id in self.index
+
+    def take(self, prompt_ids: list[str]) -> Any:
+        rows = np.asarray([self.index[p] for p in prompt_ids], dtype=np.int64)
+        return SimpleNamespace(prompt_ids=list(prompt_ids), vectors=self.vectors[rows],
+                               columns={c: v[rows] for c, v in self.columns.items()})
+
+    def cached(self, prompt_ids: list[str]) -> Any:
+        return self.take(prompt_ids)

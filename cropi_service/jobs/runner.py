@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..base.settings import ServiceSettings
-from .table import Job, JobStore
+from .names import RunnerName
+from .table import Job, JobStore, QueueLimits
 from .worker import BUILTIN_TARGET, execute_job
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,7 @@ class Runner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_beat = 0.0
+        self._name: RunnerName | None = None
 
     def target(self, kind: str) -> str:
         """The ``module:function`` a job of ``kind`` runs."""
@@ -163,9 +165,10 @@ class Runner:
         except KeyError:
             raise ValueError(f"unknown job kind {kind!r}; known: {sorted(self.kinds)}") from None
 
-    def submit(self, kind: str, params: dict[str, Any], *, key: str | None = None) -> Job:
-        """Queue a job of ``kind`` and wake the loop."""
-        job = self.jobs.create(kind, self.target(kind), params, key=key)
+    def submit(self, kind: str, params: dict[str, Any], *, key: str | None = None, caller: str | None = None) -> Job:
+        """Queue a job of ``kind`` for ``caller`` (within the queue's limits) and wake the loop."""
+        limits = QueueLimits(self.settings.max_queued_per_caller, self.settings.max_queued)
+        job = self.jobs.create(kind, self.target(kind), params, key=key, caller=caller, limits=limits)
         self._wake.set()
         return job
 
@@ -185,6 +188,9 @@ class Runner:
         """Requeue what this runner's previous process left running, then start the loop thread."""
         if self.launcher is None:
             self.launcher = self._default_launcher()
+        # one live runner per name and root: else one would requeue (and take over) the other's jobs
+        if self._name is None:  # (an app whose lifespan is entered twice starts its one runner twice)
+            self._name = RunnerName.hold(self.settings.state_dir, self.settings.runner_name)
         self._stop.clear()
         resumed = self.jobs.requeue_owned(self.settings.runner_name)
         if resumed:
@@ -211,6 +217,9 @@ class Runner:
         handed_back = self.jobs.requeue_owned(self.settings.runner_name)
         if handed_back:
             log.info("stopping: running jobs handed back to the queue", extra={"jobs": handed_back})
+        if self._name is not None:
+            self._name.release()
+            self._name = None
 
     def run_forever(self) -> None:
         while not self._stop.is_set():

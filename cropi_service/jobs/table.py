@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.db import add_column, init, session, write_transaction
-from ..base.errors import JobFinishedError, JobRunningError, UnknownIdError
+from ..base.errors import BusyError, JobFinishedError, JobRunningError, UnknownIdError
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class Job:
     created: float
     updated: float
     failures: int = 0
+    caller: str | None = None  # who submitted it (a hash of their token): the queue's fairness and limits
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> "Job":
@@ -91,6 +92,34 @@ class Job:
         return self.state not in ACTIVE
 
 
+FAIR_NEXT = """
+SELECT q.* FROM jobs q WHERE q.state = 'queued'
+ORDER BY (SELECT COUNT(*) FROM jobs r WHERE r.state = 'running' AND r.caller IS q.caller), q.created
+LIMIT 1
+"""
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """At most ``per_caller`` queued jobs per caller and ``total`` in all; past them, a 429."""
+
+    per_caller: int
+    total: int
+    retry_after_s: int = 30
+
+    def check(self, conn: sqlite3.Connection, caller: str | None) -> None:
+        total = conn.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued'").fetchone()[0]
+        mine = conn.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued' AND caller IS ?",
+                            (caller,)).fetchone()[0]
+        if mine >= self.per_caller:
+            raise BusyError(f"you have {mine} jobs queued, the most one caller may (max_queued_per_caller): "
+                            "wait for some to start (GET /v1/jobs/<id>) or cancel some, then submit again",
+                            retry_after_s=self.retry_after_s)
+        if total >= self.total:
+            raise BusyError(f"the job queue is full ({total} queued, max_queued): submit again later",
+                            retry_after_s=self.retry_after_s)
+
+
 class JobStore:
     """Operations on the job table in the SQLite file ``db_path``."""
 
@@ -98,19 +127,24 @@ class JobStore:
         self.db_path = Path(db_path)
         init(self.db_path, SCHEMA)
         add_column(self.db_path, "jobs", "failures", "INTEGER NOT NULL DEFAULT 0")
+        add_column(self.db_path, "jobs", "caller", "TEXT")
 
     # creating and reading
 
-    def create(self, kind: str, target: str, params: dict[str, Any], *, key: str | None = None) -> Job:
-        """A new queued job. With ``key``, refuses (JobRunningError) while another job with that key is active."""
+    def create(self, kind: str, target: str, params: dict[str, Any], *, key: str | None = None,
+               caller: str | None = None, limits: QueueLimits | None = None) -> Job:
+        """A new queued job. With ``key``, refuses (JobRunningError) while another job with that key is active;
+        with ``limits``, refuses (BusyError, a 429) when ``caller`` or everyone has that many queued already."""
         now = time.time()
         job_id = "job_" + uuid.uuid4().hex[:16]
         try:
-            with session(self.db_path) as conn:
+            with write_transaction(self.db_path) as conn:  # counted and inserted in one transaction
+                if limits is not None:
+                    limits.check(conn, caller)
                 conn.execute(
-                    "INSERT INTO jobs (id, kind, target, params, key, state, created, updated) "
-                    "VALUES (?, ?, ?, ?, ?, 'queued', ?, ?)",
-                    (job_id, kind, target, json.dumps(params), key, now, now))
+                    "INSERT INTO jobs (id, kind, target, params, key, state, created, updated, caller) "
+                    "VALUES (?, ?, ?, ?, ?, 'queued', ?, ?, ?)",
+                    (job_id, kind, target, json.dumps(params), key, now, now, caller))
         except sqlite3.IntegrityError as e:
             active = self.active_with_key(key)
             raise JobRunningError(
@@ -157,14 +191,17 @@ class JobStore:
     # the runner's side
 
     def claim(self, owner: str, max_attempts: int) -> Job | None:
-        """Move the oldest queued job to ``running`` for ``owner``; None when the queue is empty.
+        """Move a queued job to ``running`` for ``owner``; None when the queue is empty.
+
+        Fair across callers: the oldest job of the caller with the fewest jobs running now, so one
+        caller's hundred queued jobs do not hold back another caller's one.
 
         A job whose worker died ``max_attempts`` times is marked failed instead of started again,
         so a job that keeps killing its worker cannot loop forever.
         """
         while True:
             with write_transaction(self.db_path) as conn:
-                row = conn.execute("SELECT * FROM jobs WHERE state = 'queued' ORDER BY created LIMIT 1").fetchone()
+                row = conn.execute(FAIR_NEXT).fetchone()
                 if row is None:
                     return None
                 now = time.time()

@@ -1,0 +1,132 @@
+"""The real service end to end: a scored world (task model, trajectories, reference results)
+and a server in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cropi.contracts import POOL
+from cropi.data import write_jsonl
+from cropi.generation import SamplingConfig
+from cropi.pipeline.collect import CollectJob, collect
+from cropi.pipeline.rank import load_ranking
+from cropi.projection import ProjectionSpec
+from cropi.pipeline.requests import store_path
+from cropi.store import GradientStore
+
+
+scoring = pytest.importorskip("cropi.pipeline.score")
+httpx = pytest.importorskip("httpx")
+
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "e2e-token-" + "x" * 24
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ARROW = "application/vnd.apache.arrow.stream"
+PROJECTION = {"dim": 256, "kept_fraction": 0.5, "seed": 3}
+SPLITS = {"pool": 40, "val_a": 8, "val_b": 8}
+
+
+@pytest.fixture(scope="module")
+def world(task_model, task_splits, tmp_path_factory):
+    """Model, prompt files and trajectories under one data root."""
+    import shutil
+
+    data = tmp_path_factory.mktemp("e2e") / "data"
+    data.mkdir()
+    splits = task_splits
+    model = data / "model"
+    shutil.copytree(task_model, model)  # under the service's data root
+    files, trajectories = {}, {}
+    for name in SPLITS:
+        files[name] = data / f"{name}.jsonl"
+        write_jsonl(splits[name], str(files[name]))
+        trajectories[name] = data / "trajectories" / name
+        sampling = SamplingConfig(samples=8, temperature=1.0, max_new_tokens=32, seed=1)
+        collect(CollectJob(model=str(model), prompts=str(files[name]), out=str(trajectories[name]),
+                           sampling=sampling, backend="hf"))
+    return {"data": data, "model": model, "files": files, "trajectories": trajectories}
+
+
+@pytest.fixture(scope="module")
+def reference(world, tmp_path_factory):
+    """The library's own, uninterrupted scoring of the same inputs."""
+    root = tmp_path_factory.mktemp("reference")
+    request = scoring.ScoreRequest(
+        name="ck", model=str(world["model"]), pool=str(world["files"]["pool"]),
+        validation={v: str(world["files"][v]) for v in ("val_a", "val_b")},
+        trajectories={k: str(v) for k, v in world["trajectories"].items()},
+        spec=ProjectionSpec(**PROJECTION))
+    scoring.score_checkpoint(request, root=str(root))
+    spec_id = ProjectionSpec(**PROJECTION).spec_id
+    ranking = load_ranking(store_path(root), "ck", pool=POOL, spec_id=spec_id)
+    pool = GradientStore(store_path(root)).open_split("ck", spec_id, POOL).read()
+    return {"ranking": ranking, "pool": pool, "spec_id": spec_id}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``python -m cropi_service serve`` in a subprocess."""
+
+    def __init__(self, root: Path, data: Path, log: Path):
+        self.root, self.data, self.log = root, data, log
+        self.token_file = root.parent / "token"
+        self.token_file.write_text(TOKEN)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.port = free_port()
+        cmd = [sys.executable, "-m", "cropi_service", "serve", "--root", str(self.root), "--port", str(self.port),
+               "--token-file", str(self.token_file), "--data-root", str(self.data)]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise AssertionError(f"the server did not start; log: {self.log.read_text()[-3000:]}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=AUTH, timeout=60)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except (ProcessLookupError, OSError):
+        return False
+
+
+def _worker_pid(root: Path, job_id: str) -> int | None:
+    from cropi_service.jobs.table import JobStore
+
+    return JobStore(root / "service" / "jobs.sqlite").get(job_id).pid
