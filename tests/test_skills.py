@@ -8,7 +8,8 @@ import pytest
 
 from cropi.errors import InvalidInputError
 from cropi.pipeline.baselines import select_oracle
-from cropi.tasks.skills import LEVELS, SKILLS, TARGETS, TaskSizeError, make_splits, mixture
+from cropi.tasks.sampling import TaskSizeError
+from cropi.tasks.skills import LEVELS, SKILLS, TARGETS, make_splits, mixture
 
 SIZES = {"test_count": 30, "test_maxd": 30, "val_count": 12, "val_maxd": 12, "pool": 180, "warmstart": 90}
 ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth"]

@@ -15,7 +15,8 @@ from cropi.data import PromptRecord, load_prompts, stable_prompt_id, write_verl_
 from cropi.errors import InvalidInputError
 from cropi.rewards import get_reward
 from cropi.tasks import LEVELS, SKILLS, TARGETS, make_task_splits, mixture, solution_text
-from cropi.tasks.arithmetic import MAX_INTERMEDIATE, apportion
+from cropi.tasks.arithmetic import MAX_INTERMEDIATE
+from cropi.tasks.sampling import apportion
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(pool_size=360, val_size=60, test_size=120)
