@@ -94,6 +94,8 @@ def _check_ranking(c, ck: str, reference) -> None:
         got = np.array([np.nan if it["scores"][v] is None else it["scores"][v] for it in items])
         np.testing.assert_allclose(got, ranked[f"score:{v}"].to_numpy(zero_copy_only=False), rtol=1e-6, atol=1e-9)
     assert page["excluded"] == reference["ranking"].excluded
+    # the selection's mix against the pool, as the library stored it with the ranking
+    assert page["selection"] == reference["ranking"].meta["selection"] and page["selection"]["n"] > 0
 
 
 def _check_gradients(c, ck: str, reference) -> None:

@@ -103,6 +103,10 @@ class RankingPage(BaseModel):
     limit: int
     items: list[RankedPrompt]
     excluded: dict[str, int] = Field(description="prompts left out of the ranking, counted by status")
+    selection: dict | None = Field(None, description="the selection's mix against the pool (cropi.scoring."
+                                   "diagnostics.selection_mix): per data_source the pool and selected shares and "
+                                   "the modal answer's share in each, and warnings such as label_skew; null for "
+                                   "rankings stored before it")
 
 
 # gradients

@@ -226,7 +226,8 @@ class Service:
         order = validation or FUSED
         items = view.page_json(order, offset, limit, peek)
         head = {"checkpoint": row.id, "spec_id": row.spec_id, "order": order, "total": view.total,
-                "offset": offset, "limit": limit, "excluded": view.excluded}
+                "offset": offset, "limit": limit, "excluded": view.excluded,
+                "selection": view.meta.get("selection")}
         return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":', items, b"}"))
 
     # gradients
