@@ -68,10 +68,7 @@ class DemoSettings(BaseModel):
         if not isinstance(data, dict):
             return data
         capped = dict(data.pop("_cap", {}))
-        task = load_task(data.get("task", DEFAULT_TASK))
-        largest = {"pool_size": task.sizes[POOL], "val_size": min(task.sizes[v] for v in task.validation_splits()),
-                   "test_size": min(task.sizes[t] for t in task.test_splits())}
-        for name, most in largest.items():
+        for name, most in _largest(load_task(data.get("task", DEFAULT_TASK))).items():
             if name not in data:
                 data[name] = min(cls.model_fields[name].default, most)
             elif name in capped:
@@ -87,9 +84,10 @@ class DemoSettings(BaseModel):
         if "full" not in self.methods or "cropi" not in self.methods:
             raise ValueError("the demo compares CROPI with full-pool training: keep 'cropi' and 'full' in methods")
         task = self.load_task()
-        too_big = {name: (n, task.sizes[name]) for name, n in self.split_sizes().items() if n > task.sizes[name]}
+        too_big = [f"{name} {getattr(self, name)} (at most {most})" for name, most in _largest(task).items()
+                   if getattr(self, name) > most]
         if too_big:
-            raise ValueError(f"task {task.name!r} has fewer prompts than asked: {too_big} (asked, available)")
+            raise ValueError(f"task {task.name!r} has fewer prompts than asked: {', '.join(too_big)}")
         return self
 
     def load_task(self) -> Task:
@@ -144,3 +142,9 @@ class DemoSettings(BaseModel):
                 online["p"] = self.iif_p
             options["online_filter"] = online
         return options
+
+
+def _largest(task: Task) -> dict[str, int]:
+    """The largest pool, validation and test sizes ``task`` can give (every demo split is a prefix)."""
+    return {"pool_size": task.sizes[POOL], "val_size": min(task.sizes[v] for v in task.validation_splits()),
+            "test_size": min(task.sizes[t] for t in task.test_splits())}
