@@ -22,7 +22,6 @@ import pyarrow.compute as pc
 from cropi.contracts import GRADIENT_META_COLUMNS, GRADIENT_OPTIONAL_COLUMNS, SCORE_PREFIX
 from cropi.errors import InvalidInputError
 from cropi.pipeline.rank import RankingResult
-from cropi.store import GradientTable
 
 from .cache import ByteLRU, NotLoaded
 from ..base.errors import UnknownIdError
