@@ -191,7 +191,8 @@ def route_parameters(route: APIRoute) -> RouteParameters:
     """One model of the parameters ``route`` declares (their types, bounds and defaults as written in its
     signature), validated in one call: FastAPI's per-parameter validation costs more than the hot read."""
     d = route.dependant
-    fields = {f.name: (f.field_info.annotation, f.field_info) for f in (*d.path_params, *d.query_params, *d.header_params)}
+    declared = (*d.path_params, *d.query_params, *d.header_params)
+    fields = {f.name: (f.field_info.annotation, f.field_info) for f in declared}
     for f in (*d.query_params, *d.header_params):
         if f.alias != f.name:
             raise TypeError(f"route {route.name}: parameter {f.name} is sent as {f.alias}; give it its own name")
