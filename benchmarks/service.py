@@ -391,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--rate", type=float, default=200.0, help="requests/s offered in total (open loop)")
     p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--closed-duration", type=float, default=None,
+                   help="seconds of the closed-loop run (default: --duration; 0 leaves it out)")
     p.add_argument("--repeats", type=int, default=200, help="sequential requests per measured kind")
     p.add_argument("--build-only", action="store_true", help="write the store into --cache and stop")
     a = p.parse_args(argv)
@@ -431,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report["sequential_one_client"] = sequential(base, token, cks, pool_ids, ranked, a.repeats)
         report["load"] = asyncio.run(open_loop(base, token, cks, pool_ids, ranked, a.clients, a.rate, a.duration))
-        report["closed_loop"] = asyncio.run(closed_loop(base, token, cks, pool_ids, ranked, a.clients, a.duration))
+        closed = a.duration if a.closed_duration is None else a.closed_duration
+        if closed > 0:
+            report["closed_loop"] = asyncio.run(closed_loop(base, token, cks, pool_ids, ranked, a.clients, closed))
         import httpx
 
         report["server_ok_after"] = httpx.get(f"{base}/healthz").status_code == 200

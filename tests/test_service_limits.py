@@ -139,6 +139,9 @@ def test_a_second_runner_on_a_root_is_refused_and_a_stop_requeues_only_its_own_j
         second = Runner(settings, JobStore(settings.db_path), dict(KINDS))
         with pytest.raises(ServiceConfigError, match=r"already holds the name 'service'.*pid \d+"):
             second.start()
+        with pytest.raises(ServiceConfigError, match="already holds the name 'service'"):
+            with TestClient(create_app(settings, library=FakeLibrary(tmp_path), kinds=KINDS)):
+                pass  # a second server on the root: refused at start
         theirs = jobs.create("scoring", "x:y", {})
         with jobs_claimed(jobs, "elsewhere") as claimed:  # a job another runner is running
             assert claimed.id == theirs.id

@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 SERVICE = REPO / "cropi_service"
 FLOORS = ("base", "options", "jobs", "domain", "api", "entry")  # bottom up: each imports only from below
@@ -20,8 +22,8 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def service_imports(path: Path) -> set[str]:
-    """Every cropi_service module ``path`` imports: top-level, in functions and under TYPE_CHECKING alike."""
+def package_imports(path: Path, package_name: str = "cropi_service") -> set[str]:
+    """Every module of ``package_name`` that ``path`` imports: top-level, in functions and under TYPE_CHECKING alike."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
@@ -36,7 +38,9 @@ def service_imports(path: Path) -> set[str]:
             found.add(base)
             # ``from . import schemas``: the submodule itself
             found |= {f"{base}.{a.name}" for a in node.names if _is_module(f"{base}.{a.name}")}
-    return {m for m in found if m.split(".")[0] == "cropi_service" and _is_module(m)}
+    # a submodule importing its own package (``from cropi.x import y`` inside cropi/x/) runs no new code
+    return {m for m in found if m.split(".")[0] == package_name and _is_module(m) and not name.startswith(m + ".")
+            and m != name}
 
 
 def _is_module(name: str) -> bool:
@@ -49,8 +53,27 @@ def floor(module: str) -> int:
     return FLOORS.index(parts[1]) if len(parts) > 2 or (len(parts) == 2 and parts[1] in FLOORS) else len(FLOORS)
 
 
-def import_graph() -> dict[str, set[str]]:
-    return {module_name(p): service_imports(p) for p in SERVICE.rglob("*.py")}
+def import_graph(package: Path = SERVICE) -> dict[str, set[str]]:
+    return {module_name(p): package_imports(p, package.name) for p in package.rglob("*.py")}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    state: dict[str, str] = {}
+    found: list[list[str]] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = "open"
+        for i in sorted(graph.get(m, ())):
+            if state.get(i) == "open":
+                found.append(path[path.index(i):] + [i] if i in path else [m, i])
+            elif i not in state:
+                visit(i, [*path, i])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    return found
 
 
 def test_every_service_import_runs_down_the_floors():
@@ -61,22 +84,9 @@ def test_every_service_import_runs_down_the_floors():
     assert not upward, upward
 
 
-def test_the_service_imports_have_no_circles():
-    graph, state, circles = import_graph(), {}, []
-
-    def visit(m: str, path: list[str]) -> None:
-        state[m] = "open"
-        for i in sorted(graph.get(m, ())):
-            if state.get(i) == "open":
-                circles.append(path[path.index(i):] + [i] if i in path else [m, i])
-            elif i not in state:
-                visit(i, [*path, i])
-        state[m] = "done"
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
-    assert not circles, circles
+@pytest.mark.parametrize("package", ["cropi_service", "cropi"])
+def test_the_imports_have_no_circles(package):
+    assert not circles(import_graph(REPO / package))
 
 
 def test_the_http_server_imports_no_torch():

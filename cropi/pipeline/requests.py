@@ -1,5 +1,7 @@
-"""What the score step takes and gives back: ``ScoreRequest`` and ``ScoreResult``, and where its store lies (torch-free, so the
-service's HTTP process derives its options from them; the step itself is ``cropi.pipeline.score``)."""
+"""What the score step takes and gives back (``ScoreRequest``, ``ScoreResult``) and where its store lies.
+
+Torch-free, so the service's HTTP process derives its options from them; the step itself is
+``cropi.pipeline.score``."""
 
 from __future__ import annotations
 

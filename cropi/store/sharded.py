@@ -224,11 +224,9 @@ class ShardWriter:
         self._keys: set[str] | None = None
 
     def committed_keys(self) -> set[str]:
-        """Keys this writer has committed (read once from its shards, then kept up to date)."""
+        """Keys this writer has committed (read once from its shards' keys, then kept up to date)."""
         if self._keys is None:
-            ds = self.dataset
-            self._keys = {k for e in self.entries
-                          for k in ds._load(self.writer_id, e, [ds.key]).column(0).to_pylist()}
+            self._keys = {k for e in self.entries for k in self.dataset.shard_keys(self.writer_id, e)}
         return self._keys
 
     def commit(self, table: pa.Table) -> None:

@@ -48,7 +48,9 @@ class ServiceSettings(BaseSettings):
                             "version_ttl_s=0 none is fast")
     render_cache_mb: float = Field(default=64.0, ge=0, description="memory for rendered JSON gradient records, "
                                    "all splits together (0: render every request)")
-    gradient_cache_mb: float = Field(default=512.0, ge=0, description="memory for verified record batches of "
+    # 256: at 1M prompts x 3 checkpoints the rankings' encoded pages take about 1 GB; with 512 here the
+    # server measured 2,065 MB (benchmarks/results/service_1m_reduced.json)
+    gradient_cache_mb: float = Field(default=256.0, ge=0, description="memory for verified record batches of "
                                      "stored gradients, all splits together (a lookup reads the 256 KB batch "
                                      "holding its prompt)")
     max_response_mb: float = Field(default=64.0, gt=0, description="largest gradients response (JSON or Arrow, "

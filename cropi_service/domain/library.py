@@ -9,7 +9,6 @@ Results come back as the library's own types: ``cropi.pipeline.rank.RankingResul
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Hashable, Protocol
 
 from cropi.contracts import POOL

@@ -76,8 +76,8 @@ def caller_model(library: type[BaseModel], policy: Policy = Policy(), *, name: s
             continue
         annotation = policy.nested.get(key, info.annotation)
         if key not in policy.nested and key not in policy.vetted and not is_closed(annotation):
-            fields[key] = _refuse(key, f"it is free-form ({getattr(annotation, '__name__', annotation)}) and the service has not vetted it; "
-                                       "ask the operator")
+            kind = getattr(annotation, "__name__", annotation)
+            fields[key] = _refuse(key, f"it is free-form ({kind}) and the service has not vetted it; ask the operator")
             continue
         constraints = (*info.metadata, *policy.vetted.get(key, ()), *policy.tighter.get(key, ()))
         typed = Annotated[(annotation, *constraints)] if constraints else annotation
