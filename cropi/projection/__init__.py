@@ -8,6 +8,7 @@ matrices in every process and on every device.
 
 from cropi.projection.base import EmptySelectionError, Projector
 from cropi.projection.dense import DenseProjector
+from cropi.projection.factored import FactoredProjector
 from cropi.projection.factory import make_projector
 from cropi.projection.identity import IdentityLimitError, IdentityProjector
 from cropi.projection.inputs import ProjectionInputError
@@ -17,6 +18,7 @@ from cropi.projection.spec import ProjectionSpec, SpecMismatchError
 __all__ = [
     "DenseProjector",
     "EmptySelectionError",
+    "FactoredProjector",
     "IdentityLimitError",
     "IdentityProjector",
     "ProjectionInputError",
