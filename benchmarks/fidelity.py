@@ -14,11 +14,11 @@ cosines and the projected vectors are kept. Every cell of the grid (kind x k x k
 fraction x projection seed) projects the same gradients; we report precision@10%
 (overlap of the top-10% sets among informative prompts) and Spearman correlation.
 
-``factored`` cells (per-layer ``P_out G P_in^T`` blocks of the linear layers, several factor
-sizes) project the same full gradients (``FactoredProjector.project``, which equals the hook
-path: tests/test_factored.py). They leave out the embedding / output layer, biases and norms;
-``exact_linear_layers`` reports how the exact influence restricted to the layers they cover
-ranks against the exact one, so a factored cell's loss splits into "which layers" and "the
+``factored`` cells (per-layer ``P_out G P_in^T`` blocks of the linear layers and the tied
+embedding, several factor sizes) project the same full gradients (``FactoredProjector.project``,
+which equals the hook path: tests/test_factored.py). They leave out biases and norms;
+``exact_covered`` reports how the exact influence restricted to the parameters they cover
+ranks against the exact one, so a factored cell's loss splits into "which parameters" and "the
 projection". ``--cells factored`` runs only those cells (plus the default spec as the anchor) and writes
 DIR/fidelity_factored.json beside the full grid's file.
 
@@ -143,7 +143,7 @@ def run(quick: bool, out: Path, workdir: Path, only: str | None = None) -> dict:
         for key, p in projectors.items():
             val_proj[key] = val_proj[key] + p.project(named(g[ok], shapes)).double().sum(0).numpy()
     v_exact = val_sum / max(val_n, 1)
-    linear = linear_mask(shapes)
+    linear = covered_mask(shapes)
 
     exact, exact_lin, proj, statuses, ess = [], [], {key: [] for key in projectors}, [], []
     for results, g in full_gradients(computer, pool, "pool gradients + projections"):
@@ -194,9 +194,9 @@ def run(quick: bool, out: Path, workdir: Path, only: str | None = None) -> dict:
               "goal": {"precision_at_10": 0.90, "compression": 100,
                        "met": bool(d["precision_at_10"] >= 0.90 and d["compression"] >= 100)},
               "cells_run": only or "all",
-              "exact_linear_layers": {
-                  "what": "exact influence from the factored kind's layers only (2-d weights of the linear layers, "
-                          "no embedding / output layer, biases, norms) against the exact influence of all parameters",
+              "exact_covered": {
+                  "what": "exact influence from the parameters the factored kind covers only (2-d weights of the "
+                          "linear layers and the embedding; no biases, norms) against that of all parameters",
                   "coordinates": int(linear.sum()), "precision_at_10": precision_at(exact, exact_lin),
                   "spearman": float(spearmanr(exact, exact_lin).statistic)},
               "grid": report_cells,
@@ -209,7 +209,7 @@ def run(quick: bool, out: Path, workdir: Path, only: str | None = None) -> dict:
     return report
 
 
-def linear_mask(shapes: dict) -> np.ndarray:
+def covered_mask(shapes: dict) -> np.ndarray:
     """1 on the identity layout's coordinates of the parameters the factored kind covers."""
     covered = set(make_projector(ProjectionSpec(kind="factored", factor_in=1, factor_out=1), shapes).param_names)
     return np.concatenate([np.full(int(np.prod(s)), float(n in covered)) for n, s in shapes.items()])

@@ -40,7 +40,6 @@ def kron_reference(spec, name, grad):
 def test_factored_spec_defaults_validation_and_ids_of_other_kinds_unchanged():
     spec = ProjectionSpec(kind="factored")
     assert spec.dim is None and spec.kept_fraction == 1.0 and spec.factor_in == spec.factor_out == 16
-    assert "embed_tokens" in spec.exclude and "lm_head" in spec.exclude
     assert ProjectionSpec.from_record(spec.model_dump() | {"spec_id": spec.spec_id}) == spec
     ids = {spec.spec_id, ProjectionSpec(kind="factored", factor_in=8).spec_id,
            ProjectionSpec(kind="factored", exclude="bias").spec_id, ProjectionSpec(kind="factored", seed=1).spec_id}
@@ -56,12 +55,13 @@ def test_factored_spec_defaults_validation_and_ids_of_other_kinds_unchanged():
         assert words in str(info.value)
 
 
-def test_projector_blocks_equal_the_kronecker_product_and_skip_embeddings_biases_norms():
+def test_projector_blocks_equal_the_kronecker_product_and_skip_biases_and_norms():
     model = tiny_model()
     proj = make_projector(SPEC, shapes_of(model))
     assert isinstance(proj, FactoredProjector)
     names = proj.param_names
-    assert names and all(n.endswith("_proj.weight") for n in names)  # no embedding, bias or norm
+    assert names[0] == "model.embed_tokens.weight"  # tied: the embedding and the output layer, one block
+    assert all(n.endswith("_proj.weight") for n in names[1:]) and len(names) == 1 + 2 * 7  # no bias or norm
     assert proj.out_dim == len(names) * 12 and proj.n_kept == proj.n_coords
     gen = torch.Generator().manual_seed(0)
     grads = {n: torch.randn(2, *s, generator=gen, dtype=torch.float64) for n, s in shapes_of(model).items()}
@@ -122,7 +122,8 @@ def factored_vectors(model, spec, trajs, **opts):
 @pytest.mark.parametrize("budget", [12, 10_000])  # 12: every row alone or in pairs, prompts split across batches
 def test_batched_vectors_equal_projected_brute_force_gradients(clip, budget):
     """Prompts with K = 5, 3, 2, 6 responses of lengths 1-8 and prompts of 3-7 tokens in one call: POPI's
-    1/K and 1/|y_k| (brute_force_grad: term.mean() per response, / len(responses)) and the padding pinned."""
+    1/K and 1/|y_k| (brute_force_grad: term.mean() per response, / len(responses)) and the padding pinned.
+    Every layer, the tied embedding / output matrix included (its block: lookup plus output-layer terms)."""
     trajs = prompts()
     want = torch.stack([brute_factored(double_model(), t, SPEC, clip) for t in trajs])
     got, _ = factored_vectors(double_model(), SPEC, trajs, clip_eps=clip, token_budget=budget)
@@ -165,8 +166,19 @@ def test_statuses_and_ess_match_the_per_prompt_path():
     assert all(p.grad is None for p in fact.model.parameters())
 
 
-def test_hooks_refuse_a_parameter_that_is_not_a_linear_weight():
+def test_hooks_refuse_a_weight_of_another_kind_of_module():
     model = tiny_model()
-    spec = ProjectionSpec(kind="factored", exclude="^$")  # nothing excluded: the embedding is selected
-    with pytest.raises(InvalidInputError, match="not the weight of an nn.Linear"):
-        make_computer(model, make_projector(spec, shapes_of(model)))
+    model.extra = torch.nn.Embedding(3, 4)  # a 2-d weight that is neither a linear layer nor the input embedding
+    with pytest.raises(InvalidInputError, match="a weight of Embedding"):
+        make_computer(model, make_projector(SPEC, shapes_of(model)))
+    spec = SPEC.model_copy(update={"exclude": "extra"})
+    assert isinstance(make_computer(model, make_projector(spec, shapes_of(model))), FactoredComputer)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cpu_and_cuda_batched_vectors_agree():
+    trajs = prompts(5)
+    cpu, _ = factored_vectors(tiny_model(1), SPEC, trajs)
+    gpu, _ = factored_vectors(tiny_model(1).cuda(), SPEC, trajs)
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-6)

@@ -18,11 +18,12 @@ Two ways to the same numbers:
   on the backward pass, so one batched backward gives every example's block and ``G`` is
   never formed.
 
-Which parameters: the 2-d ``.weight`` of each layer the spec's filter selects; the
-spec's default ``exclude`` (``FACTORED_EXCLUDE``) drops the token embedding and the output
-layer (with tied weights they are one matrix whose gradient is not a sum of outer products
-of one layer's input and output). Biases and norm weights (1-d) are not projected.
-The hooks refuse a selected parameter that is not an ``nn.Linear`` weight.
+Which parameters: the 2-d ``.weight`` of each layer the spec's filter selects: linear
+layers, and the input embedding (its gradient ``sum_t e_token g_t^T`` has the same outer-
+product form, with a one-hot on the output side; with tied weights the output layer adds
+its own linear-layer term to the same block). Biases and norm weights (1-d) are not
+projected: a documented loss of coverage, measured by benchmarks/fidelity.py. The hooks
+refuse a selected parameter used by any other kind of module (exclude it).
 """
 
 from __future__ import annotations

@@ -23,11 +23,10 @@ Field meanings:
 - ``factored`` (cropi.projection.factored): per linear layer ``W`` (out x in), the
   Kronecker-factored block ``P_out G P_in^T`` (``factor_out`` x ``factor_in``) of its
   gradient ``G``, blocks concatenated in parameter order. It projects the 2-d ``.weight``
-  of every linear layer the filter selects; its default ``exclude`` (``FACTORED_EXCLUDE``,
-  written into the spec, so the id covers it) leaves out the token embedding and the
-  output layer, and biases and norms (1-d) are never projected. ``dim`` is derived
-  (layers x factor_out x factor_in: leave it unset) and nothing is subsampled
-  (``kept_fraction`` is 1).
+  of every linear layer and of the input embedding that the filter selects (with tied
+  weights the embedding / output-layer matrix is one parameter, one block); biases and
+  norms (1-d) are never projected. ``dim`` is derived (layers x factor_out x factor_in:
+  leave it unset) and nothing is subsampled (``kept_fraction`` is 1).
 - ``factor_in`` / ``factor_out``: the factored kind's per-layer sizes; None for every
   other kind, and then absent from ``spec_id`` (ids of stored specs are unchanged).
 """
@@ -46,8 +45,6 @@ from cropi.errors import MismatchError
 
 DEFAULT_DIM = 32768
 DEFAULT_FACTOR = 16
-# Token embeddings and output layers, by the names Hugging Face causal LMs give them.
-FACTORED_EXCLUDE = r"(^|\.)(embed_tokens|lm_head|wte|wpe|embed_in|embed_out|word_embeddings)\."
 FACTOR_FIELDS = ("factor_in", "factor_out")  # dropped from spec_id while None
 MAX_DIM = 2**24  # keeps row indices in int32 and dense entry indices far from int64 overflow
 MAX_SEED = 2**63 - 1
@@ -89,8 +86,9 @@ class ProjectionSpec(BaseModel):
             if data.get("kept_fraction", 1.0) != 1.0:
                 raise ValueError("kept_fraction is ignored for kind='factored' (every coordinate of a projected "
                                  f"layer enters its block); leave it unset, got {data['kept_fraction']!r}")
-            data = {"factor_in": DEFAULT_FACTOR, "factor_out": DEFAULT_FACTOR, "exclude": FACTORED_EXCLUDE,
-                    **{k: v for k, v in data.items() if v is not None}, "kept_fraction": 1.0, "dim": None}
+            data = {"factor_in": DEFAULT_FACTOR, "factor_out": DEFAULT_FACTOR,
+                    **{k: v for k, v in data.items() if k not in FACTOR_FIELDS or v is not None},
+                    "kept_fraction": 1.0, "dim": None}
         return data
 
     @field_validator("kept_fraction")
