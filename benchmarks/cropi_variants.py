@@ -1,6 +1,6 @@
 """CROPI settings tried against the demo's label-skew failure, on a finished demo's own setup.
 
-The demo (benchmarks/results/demo/) found CROPI's stage subsets skewed by answer label
+The skills demo (benchmarks/results/demo/skills/) found CROPI's stage subsets skewed by answer label
 (with one-token answers a prompt's gradient is dominated by its answer token). This
 reruns CROPI on the same data, initial model, trajectories, trainer and seed with one
 setting changed at a time, and records each run's target-accuracy curve and the label
@@ -59,7 +59,7 @@ def _run(demo: Path, variant: str, seed: int) -> dict:
 
     settings = DemoSettings.model_validate(json.loads((demo / "report.json").read_text())["settings"])
     data = {path.stem: str(path) for path in (demo / "data").glob("*.jsonl")}
-    config = curriculum_config(settings, "cropi", seed, str(demo / "models" / "theta0"), data)
+    config = curriculum_config(settings, settings.load_task(), "cropi", seed, str(demo / "models" / "theta0"), data)
     change = {"noembed": {"projection": config.projection.model_copy(update={"exclude": "embed_tokens"})},
               "recollect": {"recollect_each_stage": True}}[variant]
     config = type(config).model_validate(config.model_copy(update={"name": f"cropi-{variant}-seed{seed}", **change})

@@ -164,7 +164,20 @@ def _format_ranking(res, limit: int) -> str:
     for r in rows:
         lines.append("\t".join(str(r["rank"]) if c == "rank" else (f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])) for c in head))
     lines.append(f"excluded: {res.excluded or 'none'}; selected: {sum(res.table[SELECTED].to_pylist())}")
-    return "\n".join(lines)
+    return "\n".join(lines + _format_mix(res.meta.get("selection")))
+
+
+def _format_mix(mix: dict | None) -> list[str]:
+    """The selection's data-source shares and modal-answer shares against the pool, then any warnings."""
+    if not mix:
+        return ["selection mix: pass --prompts POOL_FILE to see it (data sources, answer-label skew)"]
+    lines = ["data_source	pool_share	selected_share	pool_modal_answer	selected_modal_answer"]
+    for source, r in mix["sources"].items():
+        picked = "-" if r["selected_modal_answer_share"] is None else \
+            f"{r['selected_modal_answer_share']:.2f} ({r['selected_modal_answer']})"
+        lines.append(f"{source}\t{r['pool_share']:.2f}\t{r['selected_share']:.2f}\t"
+                     f"{r['pool_modal_answer_share']:.2f}\t{picked}")
+    return lines + [f"WARNING {w['code']}: {w['message']}" for w in mix["warnings"]]
 
 
 def _curriculum_args(p):
@@ -196,15 +209,19 @@ def _demo_args(p):
     p.add_argument("--out", default="out/demo", help="output folder (rerun with the same folder to resume)")
     p.add_argument("--seeds", type=int, help="training seeds per method (default: 3, --quick: 2)")
     p.add_argument("--workers", type=int, help="worker processes (default 2: one per core)")
-    p.add_argument("--methods", help="comma-separated subset of cropi,full,random,pass_rate,oracle (default: all)")
-    p.add_argument("--warm-start", action="store_true", help="warm-start the model now instead of using the shipped one")
+    p.add_argument("--task", help="built-in task (lists, skills; default lists) or module:attribute naming a "
+                                  "cropi.tasks.Task (docs/demo.md)")
+    p.add_argument("--methods", help="comma-separated methods (default: cropi,full,random,pass_rate,informative,oracle; "
+                                     "also cropi_by_answer, ippo, iif, random_filter, cropi+iif)")
+    p.add_argument("--warm-start", action="store_true", help="warm-start the model now from the task's recipe "
+                                                             "instead of using the shipped one")
 
 
-@command("demo", "CROPI against full-pool, random, pass-rate and oracle selection on a synthetic task (CPU)")(_demo_args)
+@command("demo", "CROPI against full-pool, random, pass-rate, informative and oracle selection on a task (CPU)")(_demo_args)
 def _demo(a):
     from cropi.demo import DemoSettings, run_demo
 
-    given = {"seeds": a.seeds, "workers": a.workers,
+    given = {"seeds": a.seeds, "workers": a.workers, "task": a.task,
              "methods": tuple(a.methods.split(",")) if a.methods else None}
     overrides = {k: v for k, v in given.items() if v is not None}
     settings = DemoSettings.make(quick=a.quick, **overrides)

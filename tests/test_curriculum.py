@@ -335,3 +335,38 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
                                                    "val_a": "/root/trajectories/82eebe8b77d116b4/val_a"}
     assert gradient_jobs(cfg, paths, cfg.model, {s: j.out for s, j in jobs.items()})[0].name == \
         "98ee53bb8a66fe96-7b16d27b"
+
+
+def test_informative_control_draws_only_mixed_reward_prompts():
+    from cropi.pipeline.baselines import fraction_count, select_informative
+
+    ids = [f"p{i}" for i in range(40)]
+    rates = {p: (0.0 if i % 4 == 0 else 1.0 if i % 4 == 1 else (i % 8) / 8) for i, p in enumerate(ids)}
+    rates.pop("p2")  # no scored reward: never drawn
+    mixed = {p for p, r in rates.items() if 0 < r < 1}
+    picked = select_informative(ids, rates, 0.25, seed=3, stage=0)
+    assert len(picked) == fraction_count(0.25, len(ids)) == 10 and len(set(picked)) == 10
+    assert set(picked) <= mixed
+    assert select_informative(ids, rates, 0.25, seed=3, stage=0) == picked  # deterministic in (seed, stage)
+    assert select_informative(ids, rates, 0.25, seed=3, stage=1) != picked  # drawn afresh at every stage
+    assert set(select_informative(ids, rates, 1.0, seed=0, stage=0)) == mixed  # fewer mixed than asked: all
+
+
+def test_every_stage_records_its_selection_mix_against_the_pool(setup, cropi_run):
+    from collections import Counter
+
+    from cropi.data import load_prompts
+    from cropi.pipeline.rank import load_ranking
+
+    result, _, _ = cropi_run
+    pool = {r.prompt_id: r for r in load_prompts(setup["files"]["pool"])}
+    for stage in result["stages"]:
+        subset = [r.prompt_id for r in load_prompts(stage["subset"])]
+        mix = stage["selection"]
+        assert mix["n"] == len(subset) == stage["n_prompts"] and mix["pool_n"] == len(pool)
+        counts = Counter(pool[p].data_source for p in subset)  # hand count from the subset file
+        for source, row in mix["sources"].items():
+            assert row["selected"] == counts.get(source, 0)
+    ranking = load_ranking(str(Path(setup["root"]) / "store"), result["stages"][0]["ranking"].split("/rankings/")[1]
+                           .split("/")[0])
+    assert ranking.meta["selection"]["n"] == result["stages"][0]["n_prompts"]

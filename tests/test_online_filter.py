@@ -206,16 +206,18 @@ def test_demo_online_methods_map_to_valid_trainer_options():
     from cropi.demo.settings import METHODS, DemoSettings
 
     assert set(DemoSettings().methods) == set(METHODS)  # the default comparison is unchanged
-    settings = DemoSettings.make(quick=True, methods=("cropi", "full", "ippo", "iif", "random_filter", "cropi+iif"))
+    settings = DemoSettings.make(quick=True, task="skills",
+                                 methods=("cropi", "full", "ippo", "iif", "random_filter", "cropi+iif"))
+    task = settings.load_task()
     data = {k: f"/data/{k}.jsonl" for k in ("pool", "val_count", "val_maxd", "test_count", "test_maxd")}
     expected = {"ippo": ("full", "ippo"), "iif": ("full", "iif"), "random_filter": ("full", "random"),
                 "cropi+iif": ("cropi", "iif"), "full": ("full", "none"), "cropi": ("cropi", "none")}
     for method, (selection, policy) in expected.items():
-        config = curriculum_config(settings, method, 1, "/model", data)
+        config = curriculum_config(settings, task, method, 1, "/model", data)
         trainer = make_trainer("lean", **config.trainer_options)
         assert (config.method, trainer.options.online_filter.policy) == (selection, policy), method
         assert config.name == f"{method.replace('+', '-')}-seed1"
-    ippo = make_trainer("lean", **curriculum_config(settings, "ippo", 0, "/model", data).trainer_options)
+    ippo = make_trainer("lean", **curriculum_config(settings, task, "ippo", 0, "/model", data).trainer_options)
     assert ippo.options.online_filter.validation_files == {"val_count": data["val_count"], "val_maxd": data["val_maxd"]}
 
 

@@ -121,3 +121,88 @@ def test_rank_pool_roundtrips_through_arrow():
     np.testing.assert_allclose(back.scores["math"][order], r.scores["math"])
     assert back.select(top_k=5) == r.select(top_k=5)
     assert r.to_table()["rank"].to_pylist()[:3] == [1, 2, 3]
+
+
+# ---------------------------------------------------------------- selection diagnostics
+
+
+def _labelled_pool():
+    # source a: 20 prompts, answers 1 (x10), 2 (x6), 3 (x4); source b: 20 prompts, answers 0..9 twice each
+    pool = {f"a{i}": ("a", "1" if i < 10 else "2" if i < 16 else "3") for i in range(20)}
+    pool |= {f"b{i}": ("b", str(i % 10)) for i in range(20)}
+    return pool
+
+
+def test_selection_mix_against_a_hand_count():
+    from cropi.scoring.diagnostics import selection_mix
+
+    pool = _labelled_pool()
+    chosen = ["a0", "a1", "a10", "b0", "b10", "b1"]  # a: answers 1, 1, 2; b: answers 0, 0, 1
+    mix = selection_mix(chosen, pool)
+    a, b = mix["sources"]["a"], mix["sources"]["b"]
+    assert mix["n"] == 6 and mix["pool_n"] == 40
+    assert a["pool_share"] == 0.5 and a["selected_share"] == 0.5 and a["selected"] == 3
+    assert a["pool_modal_answer_share"] == 10 / 20 and a["selected_modal_answer"] == "1"
+    assert a["selected_modal_answer_share"] == pytest.approx(2 / 3)
+    assert b["pool_modal_answer_share"] == 2 / 20 and b["selected_modal_answer"] == "0"
+    assert b["selected_modal_answer_share"] == pytest.approx(2 / 3)
+    assert mix["warnings"] == []  # 3 selected prompts per source: below MIN_SELECTED, no verdict
+    with pytest.raises(KeyError):
+        selection_mix(["zz"], pool)
+
+
+def test_label_skew_warning_fires_on_a_skewed_selection_only():
+    from cropi.scoring.diagnostics import LABEL_SKEW, MIN_SELECTED, SKEW_THRESHOLD, selection_mix
+
+    pool = {f"p{i}": ("s", str(i % 10)) for i in range(200)}  # 10% per answer
+    skewed = [f"p{i}" for i in range(200) if i % 10 == 7][:MIN_SELECTED]  # all answer 7: 100% vs 10%
+    balanced = [f"p{i}" for i in range(20)]  # two of each answer: 10% vs 10%
+    warned = selection_mix(skewed, pool)["warnings"]
+    assert [(w["code"], w["data_source"], w["answer"]) for w in warned] == [(LABEL_SKEW, "s", "7")]
+    assert "100%" in warned[0]["message"] and "validation_groups" in warned[0]["message"]
+    assert selection_mix(balanced, pool)["warnings"] == []
+    # just at the threshold is not a warning; just past it is
+    at = [f"p{i}" for i in range(100) if i % 10 == 7][:3] + [f"p{i}" for i in range(100) if i % 10 != 7][:7]
+    share = 3 / 10
+    assert (share - 0.1 > SKEW_THRESHOLD) == bool(selection_mix(at, pool)["warnings"])
+
+
+def test_validation_groups_split_each_set_by_label():
+    from cropi.scoring.ranking import MIN_GROUP, split_by_label
+
+    ids = [f"v{i}" for i in range(14)]
+    vecs = np.arange(14 * 2, dtype=np.float32).reshape(14, 2)
+    status = ["ok"] * 13 + ["zero_advantage"]
+    labels = {p: ("1" if i < 6 else "2" if i < 12 else "3") for i, p in enumerate(ids)}  # 3 has 1 ok prompt
+    out = split_by_label({"val": (ids, vecs, status)}, {"val": labels})
+    assert sorted(out) == ["val[1]", "val[2]"]  # "3" (1 ok + 1 zero) pooled into rest, which is too small
+    got_ids, got_vecs, _ = out["val[2]"]
+    assert got_ids == ids[6:12] and np.array_equal(got_vecs, vecs[6:12]) and MIN_GROUP <= 6
+    untouched = split_by_label({"val": (ids, vecs, status), "w": (ids, vecs, status)}, {"val": labels})
+    assert untouched["w"][0] == ids
+
+
+def test_grouping_validation_by_answer_draws_the_selection_from_every_label():
+    """The label-skew mechanism in miniature: each answer label pushes its own direction; the validation
+    set holds 8 prompts of label A to 2 of label B. The plain mean ranks A's pool prompts first; one vector
+    per label, fused by reciprocal rank, interleaves the labels."""
+    rng = np.random.default_rng(0)
+    a_dir, b_dir = np.eye(16)[0], np.eye(16)[1]
+    pool = np.stack([a_dir + 0.1 * rng.standard_normal(16) for _ in range(10)] +
+                    [b_dir + 0.1 * rng.standard_normal(16) for _ in range(10)]).astype(np.float32)
+    pool_ids = [f"a{i}" for i in range(10)] + [f"b{i}" for i in range(10)]
+    val = np.stack([a_dir] * 8 + [b_dir] * 2).astype(np.float32) + 0.01
+    val_ids = [f"v{i}" for i in range(10)]
+    status = ["ok"] * 10
+    sets = {"val": (val_ids, val, status)}
+    plain = rank_pool(pool_ids, pool, ["ok"] * 20, sets).select(top_k=6)
+    assert all(p.startswith("a") for p in plain)
+    labels = {"val": {p: ("A" if i < 8 else "B") for i, p in enumerate(val_ids)}}
+    from cropi.scoring import ranking as ranking_module
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ranking_module, "MIN_GROUP", 2)  # label B has 2 validation prompts here
+        grouped = rank_pool(pool_ids, pool, ["ok"] * 20, sets, groups=labels)
+    assert set(grouped.scores) == {"val[A]", "val[B]"}
+    picked = grouped.select(top_k=6)
+    assert sum(p.startswith("a") for p in picked) == 3 and sum(p.startswith("b") for p in picked) == 3

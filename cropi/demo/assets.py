@@ -1,9 +1,10 @@
-"""The demo's warm-started model: shipped with the package, or built on request.
+"""The demo's warm-started models: shipped with the package per built-in task, or built from a task's recipe.
 
 Warm-starting takes longer than the whole ``--quick`` budget on 2 CPU cores, so the
-package ships the result (``assets/warmstart-skills``, under 2 MB of safetensors) and
-``python -m cropi.demo.build_assets`` rebuilds it, deterministically, from the
-recipe below.
+package ships each built-in task's result (``assets/warmstart-<task>``, about 2 MB of
+safetensors) and ``python -m cropi.demo.build_assets --task NAME`` rebuilds it,
+deterministically, from the task's recipe (``Task.warm_start``). A task without a
+shipped model (one defined outside the package) gets its model built from its recipe.
 """
 
 from __future__ import annotations
@@ -14,61 +15,81 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from cropi.data.records import PromptRecord, prompts_fingerprint
+from cropi.demo.warmstart import Snapshot, WarmStartConfig, warm_start
 from cropi.errors import NotFoundError
-from cropi.tasks.skills import make_splits
-from cropi.demo.warmstart import WarmStartConfig, warm_start
+from cropi.tasks.base import BUILTIN, WARMSTART, Task, load_task
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-MODEL_NAME = "warmstart-skills"
 RECIPE_FILE = "warmstart.json"
-TASK_SEED = 0
-# Every demo split is a prefix of these; the warm-start set is drawn after them, so it
-# shares no problem with any split the demo can ask for.
-TASK_SIZES = {"test_count": 200, "test_maxd": 200, "val_count": 100, "val_maxd": 100, "pool": 1200,
-              "warmstart": 3000}
-# The schedule runs over ``steps``; training stops at ``stop_at``, the first snapshot whose
-# targeted skills' sampled accuracy reached the design range (docs/demo.md).
-RECIPE = WarmStartConfig(size="tiny", steps=4000, batch_size=64, lr=3e-3, seed=0, stop_at=100)
+# The task the benchmarks and tests measure on when they name none (their committed figures are on it).
+BENCHMARK_TASK = "skills"
+TaskLike = Task | str
 
 
-def shipped_model() -> Path:
-    """The shipped warm-started model folder; NotFoundError says how to build it."""
-    folder = ASSETS / MODEL_NAME
-    if not (folder / "config.json").is_file():
-        raise NotFoundError(f"the demo's warm-started model is missing from {folder}: build it with "
-                            "`python -m cropi.demo.build_assets`, or run the demo with --warm-start")
-    return folder
+def _task(task: TaskLike) -> Task:
+    return task if isinstance(task, Task) else load_task(task)
 
 
-def task_splits() -> dict[str, list[PromptRecord]]:
+def asset_dir(task: TaskLike = BENCHMARK_TASK) -> Path:
+    return ASSETS / f"warmstart-{_task(task).name}"
+
+
+def recipe(task: TaskLike = BENCHMARK_TASK, **overrides) -> WarmStartConfig:
+    return WarmStartConfig(**(dict(_task(task).warm_start) | overrides))
+
+
+def shipped_model(task: TaskLike = BENCHMARK_TASK) -> Path:
+    """A built-in task's shipped model folder; NotFoundError says how to build it."""
+    found = _shipped(_task(task))
+    if found is None:
+        raise NotFoundError(f"no shipped warm-started model for task {_task(task).name!r} at {asset_dir(task)}: "
+                            "build it with `python -m cropi.demo.build_assets --task NAME`, or run the demo "
+                            "with --warm-start")
+    return found
+
+
+def _shipped(task: Task) -> Optional[Path]:
+    folder = asset_dir(task)
+    return folder if task.name in BUILTIN and (folder / "config.json").is_file() else None
+
+
+def task_splits(task: TaskLike = BENCHMARK_TASK) -> dict[str, list[PromptRecord]]:
     """The task drawn at its full sizes: every demo split is a prefix of one of these."""
-    return make_splits(TASK_SEED, TASK_SIZES)
+    return _task(task).splits()
 
 
-def warmstart_records() -> list[PromptRecord]:
-    """The supervised set of the shipped model: problems of every skill and level, in no demo split."""
-    return task_splits()["warmstart"]
-
-
-def build_model(out_dir: str | Path, config: WarmStartConfig = RECIPE, *,
-                log: Optional[Callable[[str], None]] = None) -> dict:
-    """Warm-start a tiny model into ``out_dir`` by the recipe; writes the recipe and summary beside it."""
-    records = warmstart_records()
-    summary = warm_start(out_dir, records, config, log=log)
-    doc = {"recipe": config.__dict__, "task_seed": TASK_SEED, "task_sizes": TASK_SIZES, "prompts": len(records),
-           "prompts_fingerprint": prompts_fingerprint(records), **summary}
+def build_model(out_dir: str | Path, task: TaskLike = BENCHMARK_TASK, config: WarmStartConfig | None = None, *,
+                log: Optional[Callable[[str], None]] = None, snapshot: Snapshot | None = None) -> dict:
+    """Warm-start a tiny model into ``out_dir`` by the task's recipe; writes the recipe and summary beside it."""
+    task = _task(task)
+    config = config or recipe(task)
+    records = warmstart_records(task)
+    summary = warm_start(out_dir, records, config, answer=task.response_text, log=log, snapshot=snapshot)
+    doc = {"task": task.name, "recipe": config.__dict__, "task_seed": task.seed, "task_sizes": dict(task.sizes),
+           "prompts": len(records), "prompts_fingerprint": prompts_fingerprint(records), **summary}
     (Path(out_dir) / RECIPE_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return doc
 
 
-def place_model(out_dir: str | Path, *, warm_start_now: bool = False,
+def warmstart_records(task: TaskLike = BENCHMARK_TASK) -> list[PromptRecord]:
+    """The supervised set of the task's initial model: drawn after every demo split, so it shares none."""
+    return task_splits(task)[WARMSTART]
+
+
+def place_model(out_dir: str | Path, task: Task, *, warm_start_now: bool = False,
                 log: Optional[Callable[[str], None]] = None) -> Path:
-    """Put the initial model of a demo run at ``out_dir``: the shipped one, or a fresh warm-start."""
+    """Put the initial model of a demo run at ``out_dir``: the shipped one, or one warm-started now."""
     out = Path(out_dir)
-    if warm_start_now:
-        build_model(out, log=log)
-        return out
-    return copy_model(shipped_model(), out)
+    shipped = _shipped(task)
+    if shipped is not None and not warm_start_now:
+        return copy_model(shipped, out)
+    if (out / RECIPE_FILE).is_file() and json.loads((out / RECIPE_FILE).read_text()).get("task") == task.name:
+        return out  # built by an earlier, interrupted run of this demo
+    if log:
+        log(f"warm-starting the {task.name!r} task's initial model from its recipe "
+            f"({'as asked' if warm_start_now else 'no shipped model'})")
+    build_model(out, task, log=log)
+    return out
 
 
 def copy_model(src: str | Path, dst: str | Path) -> Path:
@@ -78,3 +99,6 @@ def copy_model(src: str | Path, dst: str | Path) -> Path:
         shutil.rmtree(dst)
     shutil.copytree(src, dst)
     return dst
+
+
+RECIPE = recipe()  # the benchmark task's recipe (benchmarks derive their larger models from it)

@@ -1,10 +1,11 @@
-"""``cropi demo``: CROPI against full-pool, random, pass-rate and oracle selection.
+"""``cropi demo``: CROPI against full-pool, random, pass-rate, informative and oracle selection.
 
 Phases (each logged with its wall time):
 
-1. data     the skills task (cropi.tasks.skills): a pool of six skills, two targeted
-            validation sets (mul, mod) and their held-out test splits
-2. model    the warm-started tiny model theta_0 (shipped with the package)
+1. data     the task's splits (``--task``, cropi.tasks): a pool mixing every skill, a
+            validation set and a held-out test split per targeted skill
+2. model    the warm-started tiny model theta_0 (shipped with the package for the built-in
+            tasks, else built from the task's recipe)
 3. collect  offline trajectories of theta_0, once: pool (K=8) and validation prompts,
             sharded over the worker processes. Every method and seed reuses them: they come
             from the behavior policy theta_0, which all runs share.
@@ -29,15 +30,16 @@ from typing import Any, Callable, Iterator
 from cropi.data import write_jsonl
 from cropi.demo.assets import place_model, task_splits
 from cropi.demo.log import LogProgress, say
-from cropi.demo.settings import ONLINE_METHODS, DemoSettings
+from cropi.demo.settings import ONLINE_METHODS, VARIANTS, DemoSettings
 from cropi.demo.work import init_worker, run_collect, run_gradients, run_method
 from cropi.pipeline.curriculum import (CollectOptions, CurriculumConfig, CurriculumPaths, collect_jobs,
                                        collect_trajectories, gradient_jobs, scoring_splits)
 from cropi.projection import ProjectionSpec
-from cropi.tasks import skills
+from cropi.tasks.base import Task
 
 # CROPI first: its runs are the longest (gradients at every stage), so they start first.
-ORDER = ("cropi", "cropi+iif", "pass_rate", "oracle", "ippo", "iif", "random_filter", "full", "random")
+ORDER = ("cropi", "cropi_by_answer", "cropi+iif", "pass_rate", "informative", "oracle", "ippo", "iif",
+         "random_filter", "full", "random")
 
 
 def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = False) -> dict:
@@ -46,15 +48,16 @@ def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = Fals
 
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    settings, task = settings.resolved(), settings.load_task()
     clock = _Clock()
-    say(f"writing into {out}; {settings.seeds} seeds x {len(settings.methods)} methods, {settings.stages} stages "
+    say(f"task {task.name}; writing into {out}; {settings.seeds} seeds x {len(settings.methods)} methods, {settings.stages} stages "
         f"x {settings.steps_per_stage} steps, {settings.workers} worker processes")
     with clock.phase("data"):
-        data = write_task(settings, out / "data")
+        data = write_task(settings, task, out / "data")
     with clock.phase("model"):
-        model = str(place_model(out / "models" / "theta0", warm_start_now=warm_start, log=say))
+        model = str(place_model(out / "models" / "theta0", task, warm_start_now=warm_start, log=say))
     root = str(out / "runs")
-    configs = [curriculum_config(settings, method, seed, model, data)
+    configs = [curriculum_config(settings, task, method, seed, model, data)
                for seed in range(settings.seeds) for method in ORDER if method in settings.methods]
     with _executor(settings.workers) as pool:
         reference = next(c for c in configs if c.method == "cropi")
@@ -65,7 +68,7 @@ def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = Fals
         with clock.phase("train"):
             runs = _train(pool, configs, root)
     with clock.phase("report"):
-        report = write_outputs(out, settings, data, runs, clock.seconds, cpu_seconds())
+        report = write_outputs(out, settings, task, data, runs, clock.seconds, cpu_seconds())
     say(f"done in {sum(clock.seconds.values()):.0f}s ({report['cpu_s']:.0f} CPU-s): see {out / 'report.md'}")
     return report
 
@@ -82,9 +85,9 @@ def cpu_seconds() -> float:
     return round(own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime, 1)
 
 
-def write_task(settings: DemoSettings, folder: Path) -> dict[str, str]:
+def write_task(settings: DemoSettings, task: Task, folder: Path) -> dict[str, str]:
     """The task's splits as JSONL files; returns split -> path."""
-    drawn = task_splits()
+    drawn = task_splits(task)
     splits = {name: drawn[name][:n] for name, n in settings.split_sizes().items()}
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -95,24 +98,28 @@ def write_task(settings: DemoSettings, folder: Path) -> dict[str, str]:
     return paths
 
 
-def validation_files(data: dict[str, str]) -> dict[str, str]:
-    return {val: data[val] for val, _ in skills.TARGETS.values()}
+def validation_files(task: Task, data: dict[str, str]) -> dict[str, str]:
+    return {val: data[val] for val in task.validation_splits()}
 
 
-def test_files(data: dict[str, str]) -> dict[str, str]:
-    return {test: data[test] for _, test in skills.TARGETS.values()}
+def test_files(task: Task, data: dict[str, str]) -> dict[str, str]:
+    return {test: data[test] for test in task.test_splits()}
 
 
-def curriculum_config(settings: DemoSettings, method: str, seed: int, model: str, data: dict) -> CurriculumConfig:
+def curriculum_config(settings: DemoSettings, task: Task, method: str, seed: int, model: str,
+                      data: dict) -> CurriculumConfig:
     """One run of the comparison: only ``method`` and ``seed`` differ between runs."""
-    selection = ONLINE_METHODS[method][0] if method in ONLINE_METHODS else method
+    settings = settings.resolved()
+    selection = ONLINE_METHODS[method][0] if method in ONLINE_METHODS else "cropi" if method in VARIANTS else method
+    validation = validation_files(task, data)
     return CurriculumConfig(
         name=f"{run_label(method)}-seed{seed}", model=model, pool=data["pool"],
-        validation=validation_files(data), stages=settings.stages,
+        validation=validation, stages=settings.stages,
         select_fraction=settings.select_fraction, steps_per_stage=settings.steps_per_stage, method=selection,
-        trainer="lean", trainer_options=settings.trainer_options(test_files(data), method, validation_files(data)),
+        trainer="lean", trainer_options=settings.trainer_options(test_files(task, data), method, validation),
         seed=seed,
         reward=settings.reward,
+        **VARIANTS.get(method, {}),
         collect=CollectOptions(pool_samples=settings.pool_samples, validation_samples=settings.validation_samples,
                                temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
                                seed=0, backend="hf", batch_prompts=64, backend_options={"max_batch_rows": 512}),
@@ -147,7 +154,7 @@ def _train(pool, configs: list[CurriculumConfig], root: str) -> list[dict]:
     methods = {f"{run_label(m)}-seed{c.seed}": m for c in configs for m in ORDER}
     runs = []
     for n, future in enumerate(cf.as_completed(futures), start=1):
-        runs.append(future.result() | {"method": methods[futures[future]]})  # the demo's method, not the selection
+        runs.append(future.result() | {"method": methods[futures[future]]})  # the demo's method; "selection" the rule
         say(f"runs finished: {n}/{len(futures)} ({futures[future]})")
     return runs
 

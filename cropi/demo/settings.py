@@ -1,15 +1,23 @@
-"""The demo's settings: the full run and ``--quick``, with every knob in one place."""
+"""The demo's settings: the full run and ``--quick``, with every knob in one place.
+
+Split sizes are bounded by the task's own (every demo split is a prefix of the task's
+split at its largest size); the response length and the reward are the task's unless set.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cropi.errors import InvalidInputError
+from cropi.tasks.base import DEFAULT_TASK, POOL, Task, load_task
 
-# The comparison: CROPI, the pool, and the selections it has to beat or approach.
-METHODS = ("cropi", "full", "random", "pass_rate", "oracle")
+# The comparison: CROPI, the pool, and the selections it has to beat or approach. ``informative``
+# (a random fraction of the mixed-reward prompts) isolates what influence adds over a variance filter.
+METHODS = ("cropi", "full", "random", "pass_rate", "informative", "oracle")
+# CROPI with one scoring option changed (opt-in with ``methods``): demo method -> curriculum config fields.
+VARIANTS: dict[str, dict[str, Any]] = {"cropi_by_answer": {"validation_groups": "answer"}}
 # Online influence filters inside the trainer (docs/online_filtering.md), opt-in with ``methods``
 # (outside the default list and its 15-minute budget): demo method -> (the stage's selection, filter policy).
 ONLINE_METHODS = {"ippo": ("full", "ippo"), "iif": ("full", "iif"), "random_filter": ("full", "random"),
@@ -25,46 +33,80 @@ class DemoSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    task: str = Field(DEFAULT_TASK, description="built-in task name or module:attribute (cropi.tasks.Task)")
     seeds: int = Field(3, ge=1, description="training seeds per method")
     methods: tuple[str, ...] = METHODS
-    pool_size: int = Field(1200, ge=18, le=1200, description="pool prompts (all six skills, three levels)")
-    val_size: int = Field(100, ge=3, le=100, description="prompts per targeted validation set")
-    test_size: int = Field(200, ge=3, le=200, description="prompts per targeted test split")
-    stages: int = Field(6, ge=1)
-    steps_per_stage: int = Field(60, ge=1)
+    pool_size: int = Field(1200, ge=18, description="pool prompts (at most the task's pool)")
+    val_size: int = Field(100, ge=3, description="prompts per targeted validation set")
+    test_size: int = Field(200, ge=3, description="prompts per targeted test split")
+    stages: int = Field(5, ge=1)
+    steps_per_stage: int = Field(40, ge=1)
     select_fraction: float = Field(0.1, gt=0, le=1, description="CROPI, random and p(1-p): share of the pool")
     pool_samples: int = Field(8, ge=2, description="K per pool prompt (CROPI: 8)")
     validation_samples: int = Field(16, ge=2, description="K per validation prompt (CROPI: 32)")
     temperature: float = Field(0.5, gt=0, description="sampling temperature of the offline trajectories (CROPI)")
-    max_new_tokens: int = Field(4, gt=0, description="longest response: collection, training, evaluation")
+    max_new_tokens: Optional[int] = Field(None, gt=0, description="longest response: collection, training, "
+                                          "evaluation (default: the task's)")
     projection_dim: int = Field(2048, ge=16)
     kept_fraction: float = Field(0.1, gt=0, le=1)
     lr: float = Field(3e-4, gt=0)
-    batch_prompts: int = Field(8, ge=1)
+    batch_prompts: int = Field(16, ge=1, description="prompts a GRPO step (16: the steadiest full-pool curves of "
+                                                     "benchmarks/results/demo/task_probe.json)")
     rollouts: int = Field(8, ge=2)
     kl_coef: float = Field(0.0, ge=0, description="KL to theta_0 (0: off, as DAPO; CROPI used 0.001)")
     eval_every: int = Field(10, ge=1, description="global steps between test evaluations")
     eval_samples: int = Field(4, ge=1, description="k of the sampled test accuracy mean@k")
-    reward: str = "exact_numeric"
+    reward: Optional[str] = Field(None, description="reward name (default: the task's)")
     workers: int = Field(2, ge=1, description="processes running curricula side by side (one per core)")
     iif_p: float = Field(0.25, gt=0, le=1, description="online methods iif, random_filter, cropi+iif: IIF's p")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fit_task(cls, data: Any) -> Any:
+        """Split sizes not given explicitly are capped at the task's own (a small task of a user's)."""
+        if not isinstance(data, dict):
+            return data
+        capped = dict(data.pop("_cap", {}))
+        task = load_task(data.get("task", DEFAULT_TASK))
+        largest = {"pool_size": task.sizes[POOL], "val_size": min(task.sizes[v] for v in task.validation_splits()),
+                   "test_size": min(task.sizes[t] for t in task.test_splits())}
+        for name, most in largest.items():
+            if name not in data:
+                data[name] = min(cls.model_fields[name].default, most)
+            elif name in capped:
+                data[name] = min(data[name], most)
+        return data
+
     @model_validator(mode="after")
     def _known_methods(self) -> "DemoSettings":
-        unknown = [m for m in self.methods if m not in METHODS and m not in ONLINE_METHODS]
+        known = [*METHODS, *VARIANTS, *ONLINE_METHODS]
+        unknown = [m for m in self.methods if m not in known]
         if unknown:
-            raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS) + list(ONLINE_METHODS)}")
+            raise ValueError(f"unknown methods {unknown}; choose from {known}")
         if "full" not in self.methods or "cropi" not in self.methods:
             raise ValueError("the demo compares CROPI with full-pool training: keep 'cropi' and 'full' in methods")
+        task = self.load_task()
+        too_big = {name: (n, task.sizes[name]) for name, n in self.split_sizes().items() if n > task.sizes[name]}
+        if too_big:
+            raise ValueError(f"task {task.name!r} has fewer prompts than asked: {too_big} (asked, available)")
         return self
+
+    def load_task(self) -> Task:
+        return load_task(self.task)
+
+    def resolved(self) -> "DemoSettings":
+        """These settings with the task's response length and reward filled in."""
+        task = self.load_task()
+        return self.model_copy(update={"max_new_tokens": self.max_new_tokens or task.max_new_tokens,
+                                       "reward": self.reward or task.reward})
 
     @classmethod
     def quick(cls, **overrides: Any) -> "DemoSettings":
         """Every method, a smaller pool, fewer steps and seeds: under 3 minutes on 2 cores."""
         small = dict(seeds=2, pool_size=360, val_size=24, test_size=60, stages=2, steps_per_stage=15,
                      validation_samples=8, projection_dim=512, eval_every=5, eval_samples=4,
-                     select_fraction=0.25)
-        return cls(**(small | overrides))
+                     select_fraction=0.25, batch_prompts=8)
+        return cls(**(small | overrides), _cap={k: True for k in small if k.endswith("_size") and k not in overrides})
 
     @classmethod
     def make(cls, *, quick: bool = False, **overrides: Any) -> "DemoSettings":
@@ -81,12 +123,9 @@ class DemoSettings(BaseModel):
         return self.stages * self.steps_per_stage
 
     def split_sizes(self) -> dict[str, int]:
-        """Prompts per split; each split is a prefix of the task drawn at its full size
-        (cropi.demo.assets.TASK_SIZES), which bounds them."""
-        from cropi.tasks.skills import TARGETS
-
-        sizes = {"pool": self.pool_size}
-        for val, test in TARGETS.values():
+        """Prompts per split; each split is a prefix of the task's split drawn at its full size."""
+        sizes = {POOL: self.pool_size}
+        for val, test in self.load_task().targets.values():
             sizes |= {val: self.val_size, test: self.test_size}
         return sizes
 

@@ -28,9 +28,13 @@ from cropi.data.records import PromptRecord, as_messages
 from cropi.errors import InvalidInputError
 from cropi.models import build_tiny_model, load_causal_lm, load_tokenizer
 from cropi.models.tiny import IM_END, IM_START, default_corpus
-from cropi.tasks.skills import response_text
-
 Log = Callable[[str], None]
+Answer = Callable[[PromptRecord], str]  # the response the warm start teaches for a record
+Snapshot = Callable[[int, object, object], bool]  # (steps done, model in eval mode, tokenizer) -> stop here
+
+
+def _answer(record: PromptRecord) -> str:
+    return record.answer
 
 
 class WarmStartError(InvalidInputError):
@@ -62,22 +66,26 @@ class WarmStartConfig:
             raise WarmStartError(f"lr must be > 0, got {self.lr}")
 
 
-def task_corpus(records: Sequence[PromptRecord], seed: int) -> Iterator[str]:
+def task_corpus(records: Sequence[PromptRecord], seed: int, answer: Answer = _answer) -> Iterator[str]:
     """Text the tokenizer is trained on: the builder's default corpus plus chat-formatted task dialogues,
     so the task's words become single tokens and sequences stay short."""
     yield from default_corpus(seed)
     for r in records:
         question = r.prompt if isinstance(r.prompt, str) else r.prompt[-1]["content"]
         yield (f"{IM_START}user\n{question}{IM_END}\n{IM_START}assistant\n"
-               f"{response_text(r)}{IM_END}\n")
+               f"{answer(r)}{IM_END}\n")
 
 
 def warm_start(out_dir: str | Path, records: Sequence[PromptRecord], config: WarmStartConfig = WarmStartConfig(),
-               *, log: Log | None = None) -> dict:
-    """Build a tiny model into ``out_dir`` and fine-tune it on ``records``' worked solutions.
+               *, answer: Answer = _answer, log: Log | None = None, snapshot: Snapshot | None = None,
+               snapshot_every: int = 100) -> dict:
+    """Build a tiny model into ``out_dir`` and fine-tune it to answer ``records`` with ``answer(record)``.
 
     Returns a summary: steps, final loss, wall seconds. ``out_dir`` ends up holding a
-    Hugging Face folder (safetensors weights, tokenizer, chat template).
+    Hugging Face folder (safetensors weights, tokenizer, chat template). ``snapshot`` is
+    called every ``snapshot_every`` steps with the model (in eval mode, under no_grad), as
+    the design criteria pick the stopping step; it must not change the model, and training
+    stops there when it returns True (the model saved is then the one it saw).
     """
     config.check()
     if not records:
@@ -85,23 +93,24 @@ def warm_start(out_dir: str | Path, records: Sequence[PromptRecord], config: War
     say = log or (lambda _msg: None)
     out = Path(out_dir)
     started = time.perf_counter()
-    build_tiny_model(out, size=config.size, seed=config.seed, corpus=task_corpus(records, config.seed))
+    build_tiny_model(out, size=config.size, seed=config.seed, corpus=task_corpus(records, config.seed, answer))
     tokenizer = load_tokenizer(out)
-    examples = [encode_example(tokenizer, r) for r in records]
+    examples = [encode_example(tokenizer, r, answer) for r in records]
     model = load_causal_lm(out).train()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        losses = _train(model, examples, config, tokenizer.pad_token_id, say)
+        watch = None if snapshot is None else (snapshot_every, lambda step: snapshot(step, model, tokenizer))
+        losses = _train(model, examples, config, tokenizer.pad_token_id, say, watch)
     model.eval()
     model.save_pretrained(out, safe_serialization=True)
-    summary = {"steps": config.steps_run, "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:]),
+    summary = {"steps": len(losses), "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:]),
                "examples": len(examples), "seconds": round(time.perf_counter() - started, 2)}
-    say(f"warm-start: {config.steps_run} steps, loss {summary['loss_first']:.3f} -> {summary['loss_last']:.3f}, "
+    say(f"warm-start: {len(losses)} steps, loss {summary['loss_first']:.3f} -> {summary['loss_last']:.3f}, "
         f"{summary['seconds']:.1f}s")
     return summary
 
 
-def encode_example(tokenizer, record: PromptRecord) -> tuple[list[int], int]:
+def encode_example(tokenizer, record: PromptRecord, answer: Answer = _answer) -> tuple[list[int], int]:
     """(prompt + solution + end-of-turn token ids, number of prompt tokens).
 
     The prompt goes through the chat template with the assistant turn opened, exactly as
@@ -109,7 +118,7 @@ def encode_example(tokenizer, record: PromptRecord) -> tuple[list[int], int]:
     """
     prompt = _ids(tokenizer.apply_chat_template(as_messages(record.prompt), add_generation_prompt=True,
                                                 tokenize=True))
-    response = tokenizer.encode(response_text(record), add_special_tokens=False)
+    response = tokenizer.encode(answer(record), add_special_tokens=False)
     return prompt + response + [tokenizer.convert_tokens_to_ids(IM_END)], len(prompt)
 
 
@@ -118,7 +127,7 @@ def _ids(rendered) -> list[int]:
     return [int(i) for i in (rendered["input_ids"] if hasattr(rendered, "keys") else rendered)]
 
 
-def _train(model, examples, config: WarmStartConfig, pad_id: int, say: Log) -> list[float]:
+def _train(model, examples, config: WarmStartConfig, pad_id: int, say: Log, watch=None) -> list[float]:
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
@@ -136,7 +145,18 @@ def _train(model, examples, config: WarmStartConfig, pad_id: int, say: Log) -> l
         losses.append(float(loss.detach()))
         if (step + 1) % 50 == 0:
             say(f"warm-start step {step + 1}/{config.steps_run}: loss {sum(losses[-50:]) / 50:.3f}")
+        if watch and (step + 1) % watch[0] == 0 and _look(model, watch[1], step + 1):
+            break
     return losses
+
+
+def _look(model, fn, step: int) -> bool:
+    """Run a snapshot callback on the model in eval mode without touching the training RNG stream."""
+    model.eval()
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        stop = bool(fn(step))
+    model.train()
+    return stop
 
 
 def _lr_factor(step: int, config: WarmStartConfig) -> float:

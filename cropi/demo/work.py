@@ -54,7 +54,7 @@ def run_method(config: dict, root: str) -> dict:
         evals += [r for r in rows if "eval" in r]
         steps += [r for r in rows if "eval" not in r]
     say(f"{cfg.name}: done in {time.monotonic() - started:.0f}s")
-    return {"method": cfg.method, "seed": cfg.seed, "name": cfg.name, "stages": result["stages"],
+    return {"method": cfg.method, "selection": cfg.method, "seed": cfg.seed, "name": cfg.name, "stages": result["stages"],
             "evals": evals, "steps": steps, "seconds": time.monotonic() - started,
             "pool_ess": pool_ess(cfg, root)}
 

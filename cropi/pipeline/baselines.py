@@ -1,4 +1,5 @@
-"""Selection rules of the curriculum baselines: full pool, random fraction, pass-rate heuristic, oracle.
+"""Selection rules of the curriculum baselines: full pool, random fraction, pass-rate heuristic,
+informative (random among mixed-reward prompts), oracle.
 
 They share CROPI's trainer, steps and seeds; only the stage subset differs. All
 rules are deterministic in their seed, and the fractions are of the whole pool
@@ -34,6 +35,19 @@ def select_random(prompt_ids: Sequence[str], fraction: float, *, seed: int, stag
     """A uniform random fraction of the pool, drawn afresh at every stage from (seed, stage)."""
     rng = random.Random(f"cropi.random-baseline:{seed}:{stage}")
     return rng.sample(list(prompt_ids), fraction_count(fraction, len(prompt_ids)))
+
+
+def select_informative(prompt_ids: Sequence[str], rates: Mapping[str, float], fraction: float, *, seed: int,
+                       stage: int) -> list[str]:
+    """A random fraction of the pool drawn only from prompts whose offline rewards are mixed (0 < p < 1).
+
+    The control that isolates influence: CROPI never selects a zero-advantage prompt, so part
+    of what it gains may come from that variance filter alone. Drawn afresh at every stage
+    from (seed, stage); when fewer prompts are mixed than the fraction asks, all of them.
+    """
+    mixed = [p for p in prompt_ids if 0.0 < rates.get(p, 0.0) < 1.0]
+    rng = random.Random(f"cropi.informative-baseline:{seed}:{stage}")
+    return rng.sample(mixed, min(len(mixed), fraction_count(fraction, len(prompt_ids))))
 
 
 def select_oracle(pool: Mapping[str, "PromptRecord"], validation: Iterable["PromptRecord"]) -> list[str]:

@@ -21,6 +21,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS, NAME_PATTERN, POOL, RANKING_META_KEY, SELECTED
 from cropi.errors import InvalidInputError, NotFoundError
 from cropi.scoring import Ranking, rank_pool
+from cropi.scoring.diagnostics import selection_mix
 from cropi.store import GradientStore
 from cropi.store import rankings
 from cropi.utils.fsio import atomic_write_bytes, resolve
@@ -43,11 +44,21 @@ class RankRequest(BaseModel):
     spec_id: Optional[str] = Field(None, description="projection spec id, when the checkpoint has several")
     max_validation: int = Field(100, gt=0, description="validation prompts averaged per set")
     seed: int = Field(0, ge=0, description="seed of the validation subsample")
+    prompts: Optional[str] = Field(None, description="the pool's prompt file: adds the selection's data-source and "
+                                   "answer-label mix, with warnings (cropi.scoring.diagnostics)")
 
     def run(self) -> "RankingResult":
+        from cropi.data import load_prompts
+
+        labels = pool_labels(load_prompts(self.prompts)) if self.prompts else None
         return rank(self.store, self.name, self.pool, self.validation, fusion=self.fusion,
                     top_fraction=self.select_fraction, spec_id=self.spec_id, max_validation=self.max_validation,
-                    seed=self.seed)
+                    seed=self.seed, labels=labels)
+
+
+def pool_labels(records) -> dict[str, tuple[str, str]]:
+    """prompt_id -> (data_source, answer): what the selection diagnostics group by."""
+    return {r.prompt_id: (r.data_source, r.answer) for r in records}
 
 
 @dataclass
@@ -92,7 +103,10 @@ def find_spec_id(store: str, name: str, spec_id: str | None, split: str) -> str:
 
 def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str = "rrf",
          top_fraction: float | None = None, spec_id: str | None = None, max_validation: int = 100,
-         seed: int = 0) -> RankingResult:
+         seed: int = 0, groups: dict | None = None, labels: dict | None = None) -> RankingResult:
+    """Rank and persist. ``groups`` (set -> prompt_id -> label) splits validation sets by label
+    (``rank_pool``); ``labels`` (pool prompt_id -> (data_source, answer)) adds the selection's
+    diagnostics to the ranking's meta under ``selection``."""
     if not validation:
         raise InvalidInputError("name at least one validation split")
     spec_id = find_spec_id(store, name, spec_id, pool)
@@ -104,13 +118,18 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
         pool_t.ensure_comparable(t)
         val[v] = (t.prompt_ids, t.vectors, list(t.columns["status"]))
     ranking = rank_pool(pool_t.prompt_ids, pool_t.vectors, list(pool_t.columns["status"]), val,
-                        fusion=fusion, max_validation=max_validation, seed=seed)
-    selected = set(ranking.select(top_fraction=top_fraction)) if top_fraction else set()
+                        fusion=fusion, max_validation=max_validation, seed=seed, groups=groups)
+    chosen = ranking.select(top_fraction=top_fraction) if top_fraction else []
+    selected = set(chosen)
     table = ranking.to_table()
     table = table.append_column(SELECTED, pa.array([p in selected for p in table["prompt_id"].to_pylist()]))
     meta = ranking.meta | {"checkpoint": name, "spec_id": spec_id, "pool": pool, "validation": validation,
                            "top_fraction": top_fraction, "excluded": ranking.excluded,
                            "checkpoint_fingerprint": pool_t.checkpoint.fingerprint, "created": time.time()}
+    if groups:
+        meta["validation_groups"] = sorted(ranking.scores)
+    if labels is not None and top_fraction:
+        meta["selection"] = selection_mix(chosen, labels)
     _save(store, name, spec_id, pool, table, meta)
     ess = {c: dict(zip(pool_t.prompt_ids, pool_t.columns[c].tolist()))
            for c in GRADIENT_OPTIONAL_COLUMNS if c in pool_t.columns} or None

@@ -35,7 +35,7 @@ from cropi.gradients import LossOptions
 from cropi.pipeline.collect import CollectJob, collect
 from cropi.pipeline.gradients import GradientJob, compute_gradients
 from cropi.pipeline.progress import Progress, report
-from cropi.pipeline.rank import RankingResult, RankRequest, rank, ranking_path
+from cropi.pipeline.rank import RankingResult, RankRequest, pool_labels, rank, ranking_path
 from cropi.projection import ProjectionSpec
 from cropi.store import TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
@@ -73,6 +73,9 @@ class ScoreRequest(BaseModel):
     gradient_dtype: Dtype = Field("float16", description="stored vector dtype",
                                   validation_alias=AliasChoices("gradient_dtype", "dtype"))
     device: str = Field("auto", description="torch device for gradients ('auto': cuda when present)")
+    validation_groups: Literal["none", "answer"] = Field(
+        "none", description="'answer': one validation vector per answer label of each set, all fused (against "
+                            "label skew on short-answer tasks; see cropi.scoring.diagnostics)")
 
     @field_validator("validation")
     @classmethod
@@ -99,6 +102,8 @@ class ScoreResult(BaseModel):
     ranked: int
     selected: list[str] = Field(description="the selected pool prompts, best first")
     ranking: str = Field(description="the stored ranking file (its 'selected' column is ``selected``)")
+    diagnostics: dict = Field(default_factory=dict, description="the selection's data-source and answer-label mix "
+                                                                "against the pool, with warnings")
 
 
 def score_checkpoint(request: ScoreRequest, *, root: str | Path, progress: Progress | None = None) -> ScoreResult:
@@ -111,13 +116,16 @@ def score_checkpoint(request: ScoreRequest, *, root: str | Path, progress: Progr
     jobs = gradient_jobs(request, root, trajectories)
     computed = {job.split: compute_gradients(job, progress)["computed"] for job in jobs}
     name = jobs[0].checkpoint_name
+    groups = ({split: {r.prompt_id: r.answer for r in load_prompts(path)} for split, path in request.validation.items()}
+              if request.validation_groups == "answer" else None)
     result = rank(store, name, POOL, list(request.validation), fusion=request.fusion,
                   top_fraction=request.select_fraction, spec_id=request.projection.spec_id,
-                  max_validation=request.max_validation, seed=request.seed)
+                  max_validation=request.max_validation, seed=request.seed, groups=groups,
+                  labels=pool_labels(load_prompts(request.pool)))
     _, path = ranking_path(store, name, request.projection.spec_id, POOL)
     return ScoreResult(name=name, spec_id=request.projection.spec_id, trajectories=trajectories, computed=computed,
                        excluded=result.excluded, ranked=int((result.ranking.rank > 0).sum()),
-                       selected=selected_ids(result), ranking=path)
+                       selected=selected_ids(result), ranking=path, diagnostics=result.meta.get("selection", {}))
 
 
 def selected_ids(result: RankingResult) -> list[str]:
@@ -217,6 +225,9 @@ def checkpoint_name(request: ScoreRequest, trajectories: dict[str, str]) -> str:
     The same checkpoint scored over the same trajectories with the same loss and dtype gets
     the same name, so its gradients are computed once for every caller under the root.
     """
-    setup = short_hash({"trajectories": sorted(trajectories.items()), "loss": request.loss.model_dump(),
-                        "dtype": request.gradient_dtype})
+    setup = {"trajectories": sorted(trajectories.items()), "loss": request.loss.model_dump(),
+             "dtype": request.gradient_dtype}
+    if request.validation_groups != "none":  # its own ranking file, never overwriting the plain one
+        setup["validation_groups"] = request.validation_groups
+    setup = short_hash(setup)
     return f"{model_fingerprint(request.model)}-{setup[:8]}"

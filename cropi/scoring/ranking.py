@@ -49,8 +49,17 @@ class Ranking:
 
 
 def rank_pool(pool_ids, pool_vectors, pool_status, validation: Mapping[str, tuple], *,
-              fusion: str = "rrf", max_validation: int = 100, seed: int = 0) -> Ranking:
-    """Score a pool against each validation set, given as (prompt_ids, vectors, status)."""
+              fusion: str = "rrf", max_validation: int = 100, seed: int = 0,
+              groups: Mapping[str, Mapping[str, str]] | None = None) -> Ranking:
+    """Score a pool against each validation set, given as (prompt_ids, vectors, status).
+
+    With ``groups`` (set -> prompt_id -> label, e.g. its answer), each set is split by label
+    and every group gets its own mean vector and score column ``<set>[<label>]``, all fused
+    together: the selection then draws from every label's best prompts instead of those of
+    whichever label dominates the set's mean (cropi.scoring.diagnostics: label skew).
+    """
+    if groups:
+        validation = split_by_label(validation, groups)
     scores, used = {}, {}
     for name, (ids, vecs, status) in validation.items():
         target, used[name] = validation_vector(ids, vecs, status, max_prompts=max_validation, seed=seed)
@@ -59,6 +68,29 @@ def rank_pool(pool_ids, pool_vectors, pool_status, validation: Mapping[str, tupl
     meta = {"fusion": fusion, "max_validation": max_validation, "seed": seed,
             "validation_prompts": {k: len(v) for k, v in used.items()}}
     return Ranking(list(pool_ids), list(pool_status), scores, fused, ranks(fused, pool_ids), meta)
+
+
+MIN_GROUP = 5  # ok prompts a label group needs to get its own vector; smaller groups are pooled
+
+
+def split_by_label(validation: Mapping[str, tuple], groups: Mapping[str, Mapping[str, str]]) -> dict[str, tuple]:
+    """Each set's (ids, vectors, status) split into ``<set>[<label>]`` groups; labels with fewer than
+    ``MIN_GROUP`` ok prompts are pooled into ``<set>[rest]`` (dropped when that is still too small)."""
+    out = {}
+    for name, (ids, vecs, status) in validation.items():
+        labels = groups.get(name)
+        if not labels:
+            out[name] = (ids, vecs, status)
+            continue
+        ok = Counter(labels.get(p) for p, st in zip(ids, status) if st == "ok")
+        keep = {lab for lab, n in ok.items() if n >= MIN_GROUP and lab is not None}
+        assign = [labels.get(p) if labels.get(p) in keep else "rest" for p in ids]
+        for lab in sorted(set(assign)):
+            rows = [i for i, a in enumerate(assign) if a == lab]
+            if lab == "rest" and sum(status[i] == "ok" for i in rows) < MIN_GROUP and keep:
+                continue
+            out[f"{name}[{lab}]"] = ([ids[i] for i in rows], vecs[rows], [status[i] for i in rows])
+    return out
 
 
 def _floats(col) -> np.ndarray:

@@ -27,6 +27,7 @@ from typing import Callable
 
 from cropi.data.records import PromptRecord, stable_prompt_id
 from cropi.errors import InvalidInputError
+from cropi.tasks.base import TaskSizeError, apportion, draw_cells  # noqa: F401 (re-exported)
 
 SKILLS = ("add", "sub", "mul", "multistep", "max", "mod")
 LEVELS = (1, 2, 3)
@@ -37,10 +38,6 @@ TARGETS = {
 INSTRUCTION = "Put the final answer in \\boxed{}."
 MAX_INTERMEDIATE = 1000  # multistep results stay small enough for a tiny model
 _TRIES = 1000  # draws per problem before a cell counts as exhausted
-
-
-class TaskSizeError(InvalidInputError):
-    """The requested split sizes cannot be met with distinct problems."""
 
 
 # ---------------------------------------------------------------- problems
@@ -230,32 +227,10 @@ def _draw(split: str, n: int, seed: int, seen: set[str]) -> list[PromptRecord]:
     rng = random.Random(f"cropi.arithmetic:{seed}:{split}")
     mix = mixture(split)
     cells = [(skill, level) for skill in mix for level in LEVELS]
-    weights = [mix[skill] / len(LEVELS) for skill, _ in cells]
-    records = []
-    for (skill, level), count in zip(cells, apportion(n, weights)):
-        for _ in range(count):
-            expr = _fresh(rng, skill, level, seen)
-            records.append(make_record(skill, level, expr))
-    rng.shuffle(records)
-    return records
+    counts = apportion(n, [mix[skill] / len(LEVELS) for skill, _ in cells])
+    return draw_cells(rng, cells, counts, seen, _fresh, tries=_TRIES)
 
 
-def _fresh(rng: random.Random, skill: str, level: int, seen: set[str]) -> str:
-    for _ in range(_TRIES):
-        expr = GENERATORS[skill](rng, level)
-        if expr not in seen:
-            seen.add(expr)
-            return expr
-    raise TaskSizeError(f"cannot draw another distinct {skill} problem of level {level} "
-                        f"({len(seen)} drawn so far); ask for smaller splits")
-
-
-def apportion(n: int, weights: list[float]) -> list[int]:
-    """Split ``n`` into integer counts proportional to ``weights`` (largest remainder, ties by order)."""
-    total = sum(weights)
-    exact = [n * w / total for w in weights]
-    counts = [int(x) for x in exact]
-    by_remainder = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
-    for i in by_remainder[:n - sum(counts)]:
-        counts[i] += 1
-    return counts
+def _fresh(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecord]:
+    expr = GENERATORS[skill](rng, level)
+    return expr, make_record(skill, level, expr)

@@ -31,17 +31,13 @@ from typing import Callable
 
 from cropi.data.records import PromptRecord, stable_prompt_id
 from cropi.errors import InvalidInputError
+from cropi.tasks.base import Task, TaskSizeError, apportion, draw_cells
 
 SKILLS = ("count", "maxd", "mind", "pos", "mod", "lastmul")
 LEVELS = (1, 2, 3)
 TARGETS = {"count": ("val_count", "test_count"), "maxd": ("val_maxd", "test_maxd")}
 SOURCE_PREFIX = "skills/"  # data_source of a record: skills/<skill>
-_TRIES = 2000  # draws per problem before a cell counts as exhausted
 _ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
-
-
-class TaskSizeError(InvalidInputError):
-    """The requested split sizes cannot be met with distinct problems."""
 
 
 def _n(rng: random.Random, digits: int) -> int:
@@ -144,31 +140,21 @@ def _draw(split: str, n: int, seed: int, seen: set[str]) -> list[PromptRecord]:
     rng = random.Random(f"cropi.skills:{seed}:{split}")
     mix = mixture(split)
     cells = [(skill, level) for skill in mix for level in LEVELS]
-    weights = [mix[skill] / len(LEVELS) for skill, _ in cells]
-    records = []
-    for (skill, level), count in zip(cells, apportion(n, weights)):
-        for _ in range(count):
-            records.append(_fresh(rng, skill, level, seen))
-    rng.shuffle(records)
-    return records
+    counts = apportion(n, [mix[skill] / len(LEVELS) for skill, _ in cells])
+    return draw_cells(rng, cells, counts, seen, _fresh)
 
 
-def _fresh(rng: random.Random, skill: str, level: int, seen: set[str]) -> PromptRecord:
-    for _ in range(_TRIES):
-        question, answer = GENERATORS[skill](rng, level)
-        if question not in seen:
-            seen.add(question)
-            return make_record(skill, level, question, answer)
-    raise TaskSizeError(f"cannot draw another distinct {skill} problem of level {level} "
-                        f"({len(seen)} drawn so far); ask for smaller splits")
+def _fresh(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecord]:
+    question, answer = GENERATORS[skill](rng, level)
+    return question, make_record(skill, level, question, answer)
 
 
-def apportion(n: int, weights: list[float]) -> list[int]:
-    """Split ``n`` into integer counts proportional to ``weights`` (largest remainder, ties by order)."""
-    total = sum(weights)
-    exact = [n * w / total for w in weights]
-    counts = [int(x) for x in exact]
-    by_remainder = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
-    for i in by_remainder[:n - sum(counts)]:
-        counts[i] += 1
-    return counts
+# Every demo split is a prefix of these; the warm-start set is drawn after them.
+SIZES = {"test_count": 200, "test_maxd": 200, "val_count": 100, "val_maxd": 100, "pool": 1200, "warmstart": 3000}
+
+TASK = Task(
+    name="skills", make_splits=make_splits, targets=TARGETS, sizes=SIZES, max_new_tokens=4,
+    response_text=response_text,
+    # stop_at: the first snapshot whose targets' sampled accuracy reached the design range (docs/demo.md)
+    warm_start=dict(size="tiny", steps=4000, batch_size=64, lr=3e-3, seed=0, stop_at=100),
+    description="six skills with one-digit answers (the label-skew regime: see docs/demo.md)")

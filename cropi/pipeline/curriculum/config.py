@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -16,7 +16,8 @@ from cropi.pipeline.score import ScoreRequest
 from cropi.projection import ProjectionSpec
 from cropi.utils.hashing import short_hash
 
-METHODS = ("cropi", "full", "random", "pass_rate", "oracle")
+Method = Literal["cropi", "full", "random", "pass_rate", "informative", "oracle"]
+METHODS = get_args(Method)
 MAX_STAGES = 1000
 _REQUEST = ScoreRequest.model_fields  # the scoring settings share the score step's defaults and bounds
 
@@ -42,7 +43,7 @@ class CurriculumConfig(BaseModel):
     select_fraction: float = Field(0.1, gt=0, le=1, validation_alias=AliasChoices("select_fraction", "fraction",
                                                                                   "top_fraction"))
     steps_per_stage: int = Field(10, ge=1)
-    method: Literal["cropi", "full", "random", "pass_rate", "oracle"] = "cropi"
+    method: Method = "cropi"
     trainer: str = "trl"
     trainer_options: dict[str, Any] = Field(default_factory=dict)
     seed: int = Field(0, ge=0)
@@ -56,6 +57,7 @@ class CurriculumConfig(BaseModel):
     gradient_dtype: Literal["float16", "float32"] = Field(
         "float16", description="stored vector dtype", validation_alias=AliasChoices("gradient_dtype", "dtype"))
     device: str = _REQUEST["device"]
+    validation_groups: Literal["none", "answer"] = _REQUEST["validation_groups"]
 
     @field_validator("name")
     @classmethod
@@ -118,6 +120,8 @@ class CurriculumConfig(BaseModel):
         no ``collect.reward``), so curricula started before the options were unified resume.
         """
         doc = self.model_dump(mode="json", exclude={"stages"})
+        if doc["validation_groups"] == "none":
+            doc.pop("validation_groups")  # added later: curricula started before it keep their key
         collect = doc["collect"]
         collect.pop("reward")
         collect["backend_options"] = {k: v for k, v in collect.pop("engine").items() if v is not None}
@@ -130,7 +134,7 @@ class CurriculumConfig(BaseModel):
         return ScoreRequest(model=model, behavior=behavior, pool=self.pool, validation=validation, projection=self.projection, loss=self.loss, collect=self.collect,
                             fusion=self.fusion, select_fraction=self.select_fraction,
                             max_validation=self.max_validation, seed=self.seed, gradient_dtype=self.gradient_dtype,
-                            device=self.device)
+                            device=self.device, validation_groups=self.validation_groups)
 
 
 def _resolve_paths(data: dict, base: Path) -> dict:

@@ -8,6 +8,7 @@ so the selection comes from the ranking just computed, never from a file read ba
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from cropi.data import PromptRecord, load_prompts
@@ -44,9 +45,10 @@ def _run_stage(config: CurriculumConfig, paths: CurriculumPaths, state: StageSta
     stage = state.stage(m)
     model = state.stage_model(m)
     if "selected" not in stage:
+        started = time.monotonic()
         scored = steps.score(config, paths, m, model, progress)
-        if "scored" not in stage:
-            state.finish(m, "scored", scored.record)
+        if "scored" not in stage:  # with its wall seconds: what the method's selection cost at this stage
+            state.finish(m, "scored", scored.record | {"seconds": round(time.monotonic() - started, 3)})
         state.finish(m, "selected", steps.select(config, paths, m, pool, scored.chosen))
     state.finish(m, "trained", steps.train(config, paths, m, model, stage["selected"]["subset"], trainer))
     steps.write_metrics(paths, m, stage)

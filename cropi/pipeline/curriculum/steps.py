@@ -3,7 +3,8 @@
 1. score:  CROPI: the score step (``cropi.pipeline.score``) at ``theta_m`` over the
            behavior policy's trajectories: gradients of the pool and the validation
            sets, the fused ranking and its selection, stored once in the store.
-           ``pass_rate``: ``p (1 - p)`` per pool prompt from the trajectories.
+           ``pass_rate``: ``p (1 - p)`` per pool prompt from the trajectories; ``informative``:
+           a random fraction of the prompts whose offline rewards are mixed.
            ``random`` / ``full``: nothing to score.
 2. select: the stage subset (the ranking's selection, a random fraction, or the whole
            pool), written as verl RLVR parquet.
@@ -27,6 +28,8 @@ from cropi.errors import InvalidInputError
 from cropi.pipeline import baselines
 from cropi.pipeline.curriculum.config import MAX_STAGES, CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumPaths
+from cropi.pipeline.rank import pool_labels
+from cropi.scoring.diagnostics import selection_mix
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.score import ensure_trajectories, score_checkpoint
 from cropi.store import TrajectoryStore
@@ -47,12 +50,16 @@ def score(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, 
         return StageScore({"model": model, "ranking": None}, None)
     behavior = model if config.recollect_each_stage else str(Path(config.model).resolve())
     request = config.score_request(model, behavior)
-    if config.method == "pass_rate":
+    if config.method in ("pass_rate", "informative"):
         trajectories = ensure_trajectories(request, paths.root, progress)
         rates = _pass_rates(trajectories[POOL])
-        out = paths.stage(m) / "ranking.parquet"  # the pass rates: this method's only record of its scores
+        out = paths.stage(m) / "ranking.parquet"  # the pass rates: these methods' only record of their scores
         _write_table(out, _pass_rate_table(rates))
-        chosen = baselines.select_pass_rate(list(_pool_ids(config)), rates, config.select_fraction, seed=config.seed)
+        if config.method == "pass_rate":
+            chosen = baselines.select_pass_rate(_pool_ids(config), rates, config.select_fraction, seed=config.seed)
+        else:
+            chosen = baselines.select_informative(_pool_ids(config), rates, config.select_fraction, seed=config.seed,
+                                                  stage=m)
         return StageScore({"model": model, "behavior": behavior, "ranking": str(out),
                            "trajectories": trajectories}, chosen)
     result = score_checkpoint(request, root=paths.root, progress=progress)
@@ -78,7 +85,8 @@ def select(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool: dict[
                                 f"{missing[:3]}); the pool file changed after scoring: start a new curriculum")
     subset = paths.stage(m) / "subset.parquet"
     write_verl_parquet([pool[p] for p in chosen], str(subset), split="train")
-    return {"subset": str(subset), "n_prompts": len(chosen), "pool_size": len(pool)}
+    mix = selection_mix(chosen, pool_labels(pool.values()))
+    return {"subset": str(subset), "n_prompts": len(chosen), "pool_size": len(pool), "diagnostics": mix}
 
 
 def train(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, subset: str, trainer) -> dict:
