@@ -182,3 +182,33 @@ def test_cpu_and_cuda_batched_vectors_agree():
     cpu, _ = factored_vectors(tiny_model(1), SPEC, trajs)
     gpu, _ = factored_vectors(tiny_model(1).cuda(), SPEC, trajs)
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-6)
+
+
+def test_the_gradients_job_stores_factored_vectors_that_rank(tmp_path):
+    """The CLI's gradients job on the golden case with kind factored: many prompts per call, vectors equal
+    to each prompt computed alone, and the store, rank step and spec id take them unchanged."""
+    from test_golden import COLLECT, GOLDEN, MODEL, _cli
+
+    from cropi.models.loading import load_causal_lm
+    from cropi.store import GradientStore, TrajectoryStore
+
+    for split in ("pool", "val_a"):
+        _cli("collect", "--model", str(MODEL), "--prompts", str(GOLDEN / f"{split}.jsonl"),
+             "--out", str(tmp_path / split), *COLLECT)
+        _cli("gradients", "--model", str(MODEL), "--trajectories", str(tmp_path / split), "--store",
+             str(tmp_path / "store"), "--split", split, "--name", "g", "--projection-kind", "factored",
+             "--factor-in", "4", "--factor-out", "2", "--dtype", "float32")
+    ranked = _cli("rank", "--store", str(tmp_path / "store"), "--name", "g", "--pool", "pool",
+                  "--validation", "val_a", "--top-fraction", "0.25")
+    spec = ProjectionSpec(kind="factored", factor_in=4, factor_out=2)
+    assert ranked["meta"]["spec_id"] == spec.spec_id and ranked["rows"]
+    stored = GradientStore(str(tmp_path / "store")).open_split("g", spec.spec_id, "pool").read()
+    model = load_causal_lm(MODEL)
+    alone = make_computer(model, make_projector(spec, shapes_of(model)))
+    trajs = {t.prompt_id: t for t in TrajectoryStore.open(str(tmp_path / "pool")).iter_prompts(stored.prompt_ids)}
+    assert stored.vectors.shape[1] == alone.projector.out_dim
+    assert "ok" in stored.columns["status"]
+    for i, pid in enumerate(stored.prompt_ids):
+        rec = alone.compute(trajs[pid])
+        assert rec.status == stored.columns["status"][i]
+        np.testing.assert_allclose(stored.vectors[i], rec.vector, rtol=1e-4, atol=1e-6 * np.abs(rec.vector).max())
