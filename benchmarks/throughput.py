@@ -1,10 +1,16 @@
-"""Seconds per prompt: POPI gradient + projection versus a plain forward+backward pass.
+"""Seconds per prompt: factored (batched) and sjlt (per prompt) POPI gradients + projection
+versus a plain per-prompt forward+backward pass, side by side.
 
-Both sides run over exactly the same tokens in the same micro-batches, interleaved
-prompt by prompt in one run (so machine noise hits both alike). The plain pass is the
-floor any per-prompt gradient method pays; ``ratio_to_fwd_bwd`` is what cropi adds.
+The same prompts and tokens go through three sides, each on its own copy of the model,
+interleaved chunk by chunk in one run (the order rotating, so machine noise hits all alike):
 
-    python benchmarks/throughput.py [--quick] --out DIR   ->  DIR/throughput.json
+- ``plain``: forward and backward of a trivial loss over the prompt's micro-batches (every
+  weight gradient formed): the floor any per-prompt gradient method pays;
+- ``sjlt``: ``GradientComputer`` with the default spec (one backward per prompt, then project);
+- ``factored``: ``FactoredComputer`` (``make_computer`` for kind factored) over the whole chunk:
+  rows of many prompts per backward, activation gradients only, no weight gradient formed.
+
+    python benchmarks/throughput.py [--quick] [--factor 16] --out DIR   ->  DIR/throughput.json
 """
 
 from __future__ import annotations
@@ -20,9 +26,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, load_model, small_model, synthetic_trajectories, write_json  # noqa: E402
 
-from cropi.gradients import GradientComputer, LossOptions  # noqa: E402
+from cropi.gradients import LossOptions, make_computer  # noqa: E402
 from cropi.gradients.batching import build_micro_batch, plan_micro_batches  # noqa: E402
 from cropi.projection import ProjectionSpec, make_projector  # noqa: E402
+from cropi.projection.spec import DEFAULT_FACTOR  # noqa: E402
+
+CHUNK = 8  # prompts per factored call (and per round of the interleaving)
+GOALS = {"factored_over_plain_at_most": 0.75, "sjlt_over_factored_at_least": 1.5}
 
 
 def plain_fwd_bwd(model, traj, budget: int, pad_id: int) -> None:
@@ -37,36 +47,53 @@ def plain_fwd_bwd(model, traj, budget: int, pad_id: int) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def run(quick: bool, out: Path, workdir: Path, spec: ProjectionSpec) -> dict:
-    model_path = small_model(workdir)
+def computer(model_path: str, spec: ProjectionSpec):
     model = load_model(model_path)
+    projector = make_projector(spec, {k: tuple(p.shape) for k, p in model.named_parameters()})
+    return make_computer(model, projector, LossOptions()), projector
+
+
+def run(quick: bool, out: Path, workdir: Path, sjlt: ProjectionSpec, factored: ProjectionSpec) -> dict:
+    model_path = small_model(workdir)
     n = 16 if quick else 48
     trajs = [t for t in synthetic_trajectories(model_path, n, max_new_tokens=64, seed=2) if len(set(t.rewards)) > 1]
-    shapes = {k: tuple(p.shape) for k, p in model.named_parameters()}
     t0 = time.perf_counter()
-    projector = make_projector(spec, shapes)
-    computer = GradientComputer(model, projector, LossOptions())
-    computer.compute(trajs[0])  # warm-up: builds and caches the projection plan
+    sides = {"sjlt": computer(model_path, sjlt), "factored": computer(model_path, factored)}
+    for comp, _ in sides.values():
+        comp.compute_many(trajs[:2])  # warm-up: plans, matrices
     plan_seconds = time.perf_counter() - t0
-    plain_fwd_bwd(model, trajs[0], computer.options.token_budget, computer.pad_id)
-    ours, plain = [], []
-    for i, t in enumerate(trajs):
-        sides = [("ours", lambda: computer.compute(t)),
-                 ("plain", lambda: plain_fwd_bwd(model, t, computer.options.token_budget, computer.pad_id))]
-        for name, fn in (sides if i % 2 == 0 else sides[::-1]):
+    plain_model = load_model(model_path)
+    budget, pad_id = LossOptions().token_budget, sides["sjlt"][0].pad_id
+    plain_fwd_bwd(plain_model, trajs[0], budget, pad_id)
+    fns = {"plain": lambda chunk: [plain_fwd_bwd(plain_model, t, budget, pad_id) for t in chunk],
+           "sjlt": lambda chunk: [sides["sjlt"][0].compute(t) for t in chunk],
+           "factored": lambda chunk: sides["factored"][0].compute_many(chunk)}
+    seconds = {name: [] for name in fns}
+    for r, start in enumerate(range(0, len(trajs), CHUNK)):
+        chunk = trajs[start:start + CHUNK]
+        names = list(fns)
+        for name in names[r % 3:] + names[:r % 3]:
             s = time.perf_counter()
-            fn()
-            (ours if name == "ours" else plain).append(time.perf_counter() - s)
+            fns[name](chunk)
+            seconds[name].append((time.perf_counter() - s, len(chunk)))
+    per_prompt = {k: sum(t for t, _ in v) / len(trajs) for k, v in seconds.items()}
     tokens = [sum(len(t.prompt_token_ids) + len(r) for r in t.responses) for t in trajs]
-    report = {"quick": quick, "spec": spec.model_dump(), "spec_id": spec.spec_id, "prompts": len(trajs),
-              "responses_per_prompt": 8, "mean_tokens_per_prompt": float(np.mean(tokens)),
-              "model_parameters": sum(p.numel() for p in model.parameters()), "n_kept": projector.n_kept,
-              "seconds_per_prompt": {"gradient_plus_projection": float(np.mean(ours)),
-                                     "plain_forward_backward": float(np.mean(plain))},
-              "median_seconds_per_prompt": {"gradient_plus_projection": float(np.median(ours)),
-                                            "plain_forward_backward": float(np.median(plain))},
-              "ratio_to_fwd_bwd": float(np.sum(ours) / np.sum(plain)),
-              "projection_plan_seconds_once": plan_seconds, "environment": environment()}
+    ratios = {"factored_over_plain": per_prompt["factored"] / per_prompt["plain"],
+              "sjlt_over_plain": per_prompt["sjlt"] / per_prompt["plain"],
+              "sjlt_over_factored": per_prompt["sjlt"] / per_prompt["factored"]}
+    report = {"quick": quick, "prompts": len(trajs), "responses_per_prompt": 8, "chunk_prompts": CHUNK,
+              "token_budget": budget, "mean_tokens_per_prompt": float(np.mean(tokens)),
+              "model_parameters": sum(p.numel() for p in plain_model.parameters()),
+              "specs": {name: {"spec": p.spec.model_dump(), "spec_id": p.spec.spec_id, "out_dim": p.out_dim,
+                               "n_kept": p.n_kept, "compression": p.n_kept / p.out_dim}
+                        for name, (_, p) in sides.items()},
+              "seconds_per_prompt": per_prompt,
+              "per_chunk_seconds_per_prompt": {k: [t / m for t, m in v] for k, v in seconds.items()},
+              "ratios": ratios,
+              "ratio_to_fwd_bwd": ratios["sjlt_over_plain"],  # the earlier headline (sjlt path)
+              "goal": GOALS | {"met": ratios["factored_over_plain"] <= GOALS["factored_over_plain_at_most"]
+                               and ratios["sjlt_over_factored"] >= GOALS["sjlt_over_factored_at_least"]},
+              "setup_seconds_once": plan_seconds, "environment": environment()}
     write_json(out, "throughput.json", report)
     return report
 
@@ -76,14 +103,17 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--kept-fraction", type=float, default=None)
-    ap.add_argument("--dim", type=int, default=None)
+    ap.add_argument("--kept-fraction", type=float, default=None, help="sjlt side")
+    ap.add_argument("--dim", type=int, default=None, help="sjlt side")
+    ap.add_argument("--factor", type=int, default=DEFAULT_FACTOR, help="factored side: factor_in = factor_out")
     a = ap.parse_args(argv)
     fields = {k: v for k, v in {"kept_fraction": a.kept_fraction, "dim": a.dim}.items() if v is not None}
-    r = run(a.quick, a.out, a.workdir or a.out / "work", ProjectionSpec(**fields))
-    print(f"ratio_to_fwd_bwd {r['ratio_to_fwd_bwd']:.3f} "
-          f"({r['seconds_per_prompt']['gradient_plus_projection']:.4f} s vs "
-          f"{r['seconds_per_prompt']['plain_forward_backward']:.4f} s a prompt); wrote {a.out / 'throughput.json'}")
+    factored = ProjectionSpec(kind="factored", factor_in=a.factor, factor_out=a.factor)
+    r = run(a.quick, a.out, a.workdir or a.out / "work", ProjectionSpec(**fields), factored)
+    s = r["seconds_per_prompt"]
+    print(f"seconds a prompt: plain {s['plain']:.4f}, sjlt {s['sjlt']:.4f}, factored {s['factored']:.4f}; "
+          f"factored/plain {r['ratios']['factored_over_plain']:.3f}, sjlt/factored "
+          f"{r['ratios']['sjlt_over_factored']:.2f}x; wrote {a.out / 'throughput.json'}")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,13 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from cropi.projection.spec import DEFAULT_FACTOR
+
 # Fields whose model gives no description (models of other layers): one line each.
 FALLBACK_HELP = {
-    "kind": "projection: sjlt (sparse), gaussian, rademacher or identity",
+    "kind": "projection: sjlt (sparse), gaussian, rademacher, identity or factored (per-layer blocks, batched)",
+    "factor_in": f"projection: the factored kind's per-layer input size (unset: {DEFAULT_FACTOR})",
+    "factor_out": f"projection: the factored kind's per-layer output size (unset: {DEFAULT_FACTOR})",
     "seed": "projection: seeds every hash",
     "dim": "projection: k, the vector length",
     "kept_fraction": "projection: expected fraction r of gradient coordinates kept",

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from cropi.errors import CropiError
 from cropi.projection import (DenseProjector, EmptySelectionError, IdentityLimitError, ProjectionInputError,
                               ProjectionSpec, SpecMismatchError, make_projector)
+from cropi.projection.spec import FACTOR_FIELDS
 from cropi.utils import hashing
 
 M64 = 2**64
@@ -157,11 +158,12 @@ def test_spec_validation_names_field_and_range(kwargs, field, words):
 def test_spec_id_stable_and_sensitive_to_every_field():
     base = ProjectionSpec()
     assert ProjectionSpec().spec_id == base.spec_id and len(base.spec_id) == 16
-    canon = json.dumps(base.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    fields = {k: v for k, v in base.model_dump(mode="json").items() if v is not None or k not in FACTOR_FIELDS}
+    canon = json.dumps(fields, sort_keys=True, separators=(",", ":"))  # unset factor fields are not hashed
     assert base.spec_id == hashlib.sha256(canon.encode()).hexdigest()[:16]
     changes = dict(kind="gaussian", dim=1024, kept_fraction=0.5, seed=1, nnz=2, include="mlp", exclude="bias",
                    identity_limit=10)
-    assert set(changes) == set(ProjectionSpec.model_fields)
+    assert set(changes) | set(FACTOR_FIELDS) == set(ProjectionSpec.model_fields)  # factored's: test_factored.py
     ids = {base.spec_id} | {ProjectionSpec(**{f: v}).spec_id for f, v in changes.items()}
     assert len(ids) == len(changes) + 1
     ident = ProjectionSpec(kind="identity")

@@ -171,7 +171,7 @@ def teacher_forced_logprobs(model, prompt: list[int], responses: list[list[int]]
     """log p(response token | prefix) per token, by the gradient pass's own forward.
 
     The same micro-batches (left-padded, explicit positions) and the same call as
-    ``GradientComputer._token_logprobs``, so the ratio there is 1 at this model.
+    ``cropi.gradients.computer.token_logprobs``, so the ratio there is 1 at this model.
     """
     from cropi.gradients.batching import build_micro_batch, plan_micro_batches
 

@@ -9,6 +9,7 @@ from cropi.utils.lazy import lazy_exports
 
 _TORCH_PARTS = {
     "GradientComputer": "cropi.gradients.computer",
+    "make_computer": "cropi.gradients.computer",
     "group_advantages": "cropi.gradients.popi",
     "popi_loss": "cropi.gradients.popi",
 }

@@ -1,4 +1,4 @@
-"""Pack one prompt's responses into left-padded micro-batches under a token budget.
+"""Pack responses into left-padded micro-batches under a token budget (one prompt's, or many prompts').
 
 Left padding puts every response at the end of its row, so the model only has to
 produce logits for the last ``max_response_len + 1`` positions (``logits_to_keep``).
@@ -48,22 +48,27 @@ def build_micro_batch(
     indices: list[int],
     pad_id: int,
 ) -> MicroBatch:
-    rows = [prompt + responses[i] for i in indices]
-    total = max(len(r) for r in rows)
-    resp_len = max(len(responses[i]) for i in indices)
-    b = len(indices)
+    """Responses ``indices`` of one prompt's group."""
+    return build_rows([(prompt, responses[i], behavior[i]) for i in indices], indices, pad_id)
+
+
+def build_rows(rows: list[tuple[list[int], list[int], list[float]]], indices: list[int], pad_id: int) -> MicroBatch:
+    """(prompt, response, behavior log-probs) rows, each its own prompt, left padded to one width."""
+    total = max(len(p) + len(r) for p, r, _ in rows)
+    resp_len = max(len(r) for _, r, _ in rows)
+    b = len(rows)
     input_ids = torch.full((b, total), pad_id, dtype=torch.long)
     attention = torch.zeros((b, total), dtype=torch.long)
     targets = torch.full((b, resp_len), pad_id, dtype=torch.long)
     resp_mask = torch.zeros((b, resp_len), dtype=torch.float32)
     beh = torch.zeros((b, resp_len), dtype=torch.float32)
-    for row, i in enumerate(indices):
-        seq, n = rows[row], len(responses[i])
+    for row, (prompt, response, behavior) in enumerate(rows):
+        seq, n = list(prompt) + list(response), len(response)
         input_ids[row, total - len(seq):] = torch.tensor(seq)
         attention[row, total - len(seq):] = 1
         if n:
-            targets[row, resp_len - n:] = torch.tensor(responses[i])
+            targets[row, resp_len - n:] = torch.tensor(response)
             resp_mask[row, resp_len - n:] = 1.0
-            beh[row, resp_len - n:] = torch.tensor(behavior[i], dtype=torch.float32)
+            beh[row, resp_len - n:] = torch.tensor(behavior, dtype=torch.float32)
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
-    return MicroBatch(indices, input_ids, attention, positions, targets, resp_mask, beh)
+    return MicroBatch(list(indices), input_ids, attention, positions, targets, resp_mask, beh)

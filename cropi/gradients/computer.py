@@ -4,6 +4,11 @@ One backward pass per prompt (its K responses, micro-batched under a token
 budget with gradient accumulation), then the projector maps the parameter
 gradients to a k-vector. The computer owns ``requires_grad`` on the model: only
 the parameters the projection spec covers get gradients, which saves work.
+
+``make_computer`` picks the computer a spec needs: this one, or for the
+``factored`` kind the batched one (``cropi.gradients.factored``), which gets many
+prompts' vectors from one backward. Both have ``compute`` (one prompt) and
+``compute_many`` (a list; ``prompts_per_call`` at a time is what callers feed).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class Trajectories(Protocol):
 
 
 class GradientComputer:
+    prompts_per_call = 1  # nothing is shared between prompts: callers may feed them one by one
+
     def __init__(self, model: torch.nn.Module, projector, options: LossOptions | None = None):
         self.model = model
         self.projector = projector
@@ -44,16 +51,15 @@ class GradientComputer:
         for name, p in model.named_parameters():
             p.requires_grad_(name in covered)
         self.device = next(model.parameters()).device
-        self.pad_id = _pad_id(model)
-        self.max_length = self.options.max_length or getattr(model.config, "max_position_embeddings", None)
+        self.pad_id = pad_id_of(model)
+        self.max_length = context_limit(model, self.options)
+
+    def compute_many(self, trajs: Sequence[Trajectories]) -> list[GradientRecord]:
+        return [self.compute(t) for t in trajs]
 
     def compute(self, traj: Trajectories) -> GradientRecord:
-        prompt, responses, behavior, truncated = self._fit(traj)
-        rewards = torch.tensor([0.0 if r is None else float(r) for r in traj.rewards])
-        n_tokens = sum(len(prompt) + len(r) for r in responses)
-        base = dict(prompt_id=traj.prompt_id, n_responses=len(responses), n_tokens=n_tokens,
-                    reward_mean=float(rewards.mean()) if len(rewards) else 0.0,
-                    reward_std=float(rewards.std()) if len(rewards) > 1 else 0.0)
+        prompt, responses, behavior, truncated = fit_to_context(traj, self.max_length)
+        rewards, base = rewards_and_base(traj, prompt, responses)
         if truncated == "prompt":
             return GradientRecord(vector=self._zeros(), raw_norm=0.0, status="truncated", **base)
         adv = self._advantages(prompt, responses, behavior, rewards)
@@ -90,7 +96,7 @@ class GradientComputer:
         lengths = [len(prompt) + len(r) for r in responses]
         for indices in plan_micro_batches(lengths, self.options.token_budget):
             mb = build_micro_batch(prompt, responses, behavior, indices, self.pad_id)
-            logp = self._token_logprobs(mb)
+            logp = token_logprobs(self.model, mb, self.device)
             beh, mask = mb.behavior_logp.to(self.device), mb.response_mask.to(self.device)
             log_w[indices] = sequence_log_weights(logp.detach(), beh, mask).cpu()
             if adv is not None:
@@ -106,48 +112,76 @@ class GradientComputer:
 
     @staticmethod
     def _diagnostics(log_w: torch.Tensor, rewards: torch.Tensor) -> dict:
-        """ESS, ESS/K, the importance-weighted pass rate and std of the group at theta, and the log
-        of the mean weight."""
-        k = len(log_w)
-        ess = effective_sample_size(log_w)
-        stats = weighted_group_stats(log_w, rewards) if k else None
-        return {"ess": ess, "ess_fraction": None if ess is None or k == 0 else ess / k,
-                "p_theta": None if stats is None else stats[0], "std_theta": None if stats is None else stats[1],
-                "log_mean_weight": log_mean_weight(log_w)}
-
-    def _token_logprobs(self, mb) -> torch.Tensor:
-        keep = mb.targets.shape[1] + 1
-        out = self.model(input_ids=mb.input_ids.to(self.device),
-                         attention_mask=mb.attention_mask.to(self.device),
-                         position_ids=mb.position_ids.to(self.device),
-                         logits_to_keep=keep, use_cache=False)
-        logits = out.logits[:, :-1].float()
-        targets = mb.targets.to(self.device)
-        return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
-
-    def _fit(self, traj: Trajectories):
-        """Cut responses that overflow the context; flag what was cut."""
-        prompt = list(traj.prompt_token_ids)
-        responses = [list(r) for r in traj.responses]
-        behavior = [list(b) for b in traj.behavior_logprobs]
-        limit = self.max_length
-        if limit is None:
-            return prompt, responses, behavior, None
-        if len(prompt) >= limit:
-            return prompt, responses, behavior, "prompt"
-        room = limit - len(prompt)
-        cut = any(len(r) > room for r in responses)
-        return prompt, [r[:room] for r in responses], [b[:room] for b in behavior], ("response" if cut else None)
+        return diagnostics(log_w, rewards)
 
     def _zeros(self) -> np.ndarray:
         return np.zeros(self.projector.out_dim, dtype=np.float32)
+
+
+def token_logprobs(model, mb, device) -> torch.Tensor:
+    """log pi of each target token of a left-padded micro-batch (B, L); logits only where needed."""
+    keep = mb.targets.shape[1] + 1
+    out = model(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device),
+                position_ids=mb.position_ids.to(device), logits_to_keep=keep, use_cache=False)
+    logits = out.logits[:, :-1]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32, or float64 for checks
+    targets = mb.targets.to(device)
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+
+
+def fit_to_context(traj: Trajectories, limit: int | None):
+    """Cut responses that overflow the context; flag what was cut ("prompt", "response" or None)."""
+    prompt = list(traj.prompt_token_ids)
+    responses = [list(r) for r in traj.responses]
+    behavior = [list(b) for b in traj.behavior_logprobs]
+    if limit is None:
+        return prompt, responses, behavior, None
+    if len(prompt) >= limit:
+        return prompt, responses, behavior, "prompt"
+    room = limit - len(prompt)
+    cut = any(len(r) > room for r in responses)
+    return prompt, [r[:room] for r in responses], [b[:room] for b in behavior], ("response" if cut else None)
+
+
+def rewards_and_base(traj: Trajectories, prompt, responses) -> tuple[torch.Tensor, dict]:
+    """The group's rewards (a failed reward counts 0) and the record fields every status shares."""
+    rewards = torch.tensor([0.0 if r is None else float(r) for r in traj.rewards])
+    n_tokens = sum(len(prompt) + len(r) for r in responses)
+    base = dict(prompt_id=traj.prompt_id, n_responses=len(responses), n_tokens=n_tokens,
+                reward_mean=float(rewards.mean()) if len(rewards) else 0.0,
+                reward_std=float(rewards.std()) if len(rewards) > 1 else 0.0)
+    return rewards, base
+
+
+def diagnostics(log_w: torch.Tensor, rewards: torch.Tensor) -> dict:
+    """ESS, ESS/K, the importance-weighted pass rate and std of the group at theta, and the log
+    of the mean weight."""
+    k = len(log_w)
+    ess = effective_sample_size(log_w)
+    stats = weighted_group_stats(log_w, rewards) if k else None
+    return {"ess": ess, "ess_fraction": None if ess is None or k == 0 else ess / k,
+            "p_theta": None if stats is None else stats[0], "std_theta": None if stats is None else stats[1],
+            "log_mean_weight": log_mean_weight(log_w)}
+
+
+def make_computer(model: torch.nn.Module, projector, options: LossOptions | None = None):
+    """The gradient computer for ``projector``'s kind: batched for ``factored``, per prompt otherwise."""
+    if projector.spec.kind == "factored":
+        from cropi.gradients.factored import FactoredComputer
+
+        return FactoredComputer(model, projector, options)
+    return GradientComputer(model, projector, options)
 
 
 def _grad_of(p: torch.nn.Parameter) -> torch.Tensor:
     return p.grad if p.grad is not None else torch.zeros_like(p)
 
 
-def _pad_id(model) -> int:
+def context_limit(model, options: LossOptions) -> int | None:
+    return options.max_length or getattr(model.config, "max_position_embeddings", None)
+
+
+def pad_id_of(model) -> int:
     cfg = model.config
     for attr in ("pad_token_id", "eos_token_id"):
         value = getattr(cfg, attr, None)

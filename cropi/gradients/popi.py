@@ -123,6 +123,12 @@ def popi_loss(
     ``advantages``: (B,). Summing this over disjoint micro-batches of the group gives
     the full L, so their gradients accumulate to g(s).
     """
+    return -popi_response_terms(logp, behavior_logp, mask, advantages, clip_eps).sum() / n_group
+
+
+def popi_response_terms(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Tensor,
+                        advantages: torch.Tensor, clip_eps: float | None = None) -> torch.Tensor:
+    """Per response, (1/|y_k|) sum_t rho_{k,t} A_k (optionally PPO-clipped): (B,). L = -(1/K) sum_k of these."""
     mask = mask.to(logp.dtype)
     ratio = torch.exp((logp - behavior_logp) * mask)
     adv = advantages.to(logp.dtype)[:, None]
@@ -131,8 +137,7 @@ def popi_loss(
         clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
         per_token = torch.minimum(per_token, clipped)
     lengths = mask.sum(dim=1).clamp(min=1.0)
-    per_response = (per_token * mask).sum(dim=1) / lengths
-    return -per_response.sum() / n_group
+    return (per_token * mask).sum(dim=1) / lengths
 
 
 def sequence_log_weights(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from typing import Optional
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from cropi.contracts import NAME_PATTERN, VectorDtype
-from cropi.gradients import GradientComputer, LossOptions
+from cropi.gradients import LossOptions, make_computer
 from cropi.models.loading import load_causal_lm, load_tokenizer
 from cropi.pipeline.checks import check_tokenizer_matches, check_token_ids_fit
 from cropi.pipeline.progress import Progress, report
@@ -68,19 +68,33 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
     done = split.committed_prompt_ids()
     mine = sorted(p for p in trajectories.committed_prompt_ids() if in_shard(p, shard))
     todo = [p for p in mine if p not in done]
-    computer = GradientComputer(model, projector, job.loss)
+    computer = make_computer(model, projector, job.loss)  # the factored kind batches many prompts a backward
     counts: dict[str, int] = {}
     stage = f"gradients:{job.split}"
-    progress(stage, len(mine) - len(todo), len(mine))
+    done_n = len(mine) - len(todo)
+    progress(stage, done_n, len(mine))
     with split.writer(writer_id(shard), rows_per_shard=job.rows_per_shard) as writer:
-        for n, traj in enumerate(trajectories.iter_prompts(todo), start=1):
-            check_token_ids_fit(traj, model.config.vocab_size)
-            res = computer.compute(traj)
-            writer.write(res)
-            counts[res.status] = counts.get(res.status, 0) + 1
-            progress(stage, len(mine) - len(todo) + n, len(mine))
+        for batch in _batches(trajectories.iter_prompts(todo), computer.prompts_per_call):
+            for traj in batch:
+                check_token_ids_fit(traj, model.config.vocab_size)
+            for res in computer.compute_many(batch):
+                writer.write(res)
+                counts[res.status] = counts.get(res.status, 0) + 1
+            done_n += len(batch)
+            progress(stage, done_n, len(mine))
     return {"split": job.split, "checkpoint": job.checkpoint_name, "spec_id": job.projection.spec_id,
             "computed": counts, "skipped": len(mine) - len(todo), "total": len(mine)}
+
+
+def _batches(items, size: int):
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _identity_hash(identity: dict) -> str:

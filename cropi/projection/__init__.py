@@ -15,6 +15,7 @@ from cropi.utils.lazy import lazy_exports
 _TORCH_PARTS = {
     "DenseProjector": "cropi.projection.dense",
     "EmptySelectionError": "cropi.projection.base",
+    "FactoredProjector": "cropi.projection.factored",
     "IdentityLimitError": "cropi.projection.identity",
     "IdentityProjector": "cropi.projection.identity",
     "ProjectionInputError": "cropi.projection.inputs",

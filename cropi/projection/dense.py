@@ -28,6 +28,19 @@ from cropi.utils.hashing import bit_field, coord_hash_grid, top_bits
 DEFAULT_BLOCK_ELEMS = 2**22
 
 
+def dense_block(kind: str, key: int, idx: torch.Tensor, k: int, stream: int = 1) -> torch.Tensor:
+    """Entries ``R[r, i]`` for coordinates ``idx`` (int64) and rows r < k, as a (len(idx), k) float32 block."""
+    h = coord_hash_grid(key, idx, k, stream=stream)
+    scale = 1.0 / math.sqrt(k)
+    if kind == "rademacher":
+        return (h < 0).to(torch.float32).mul_(-2.0 * scale).add_(scale)
+    u1 = top_bits(h, 24).to(torch.float32).mul_(-(2.0**-24))  # -u1
+    u2 = bit_field(h, 16, 24).to(torch.float32).mul_(2.0 * math.pi * 2.0**-24)
+    del h
+    radius = u1.log1p_().mul_(-2.0).sqrt_().mul_(scale)  # sqrt(-2 ln(1 - u1)) / sqrt(k)
+    return radius.mul_(u2.cos_())
+
+
 class DenseProjector(Projector):
     """Gaussian N(0, 1/k) or Rademacher +-1/sqrt(k) entries from the hash."""
 
@@ -41,15 +54,7 @@ class DenseProjector(Projector):
 
     def block(self, key: int, idx: torch.Tensor) -> torch.Tensor:
         """R's columns for local coordinates ``idx`` (int64), as a (len(idx), k) float32 block."""
-        h = coord_hash_grid(key, idx, self.out_dim, stream=1)
-        scale = 1.0 / math.sqrt(self.out_dim)
-        if self.spec.kind == "rademacher":
-            return (h < 0).to(torch.float32).mul_(-2.0 * scale).add_(scale)
-        u1 = top_bits(h, 24).to(torch.float32).mul_(-(2.0**-24))  # -u1
-        u2 = bit_field(h, 16, 24).to(torch.float32).mul_(2.0 * math.pi * 2.0**-24)
-        del h
-        radius = u1.log1p_().mul_(-2.0).sqrt_().mul_(scale)  # sqrt(-2 ln(1 - u1)) / sqrt(k)
-        return radius.mul_(u2.cos_())
+        return dense_block(self.spec.kind, key, idx, self.out_dim)
 
     def _apply(self, out: torch.Tensor, values: torch.Tensor, piece: Piece, key: int) -> None:
         idx = piece.index()

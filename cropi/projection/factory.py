@@ -8,6 +8,7 @@ import torch
 
 from cropi.projection.base import DEFAULT_CHUNK, Projector
 from cropi.projection.dense import DEFAULT_BLOCK_ELEMS, DenseProjector
+from cropi.projection.factored import FactoredProjector
 from cropi.projection.identity import IdentityProjector
 from cropi.projection.sjlt import SJLTProjector
 from cropi.projection.spec import ProjectionSpec
@@ -27,6 +28,8 @@ def make_projector(spec: ProjectionSpec, param_shapes: Mapping[str, tuple[int, .
     common = dict(device=device, cache=cache, chunk_coords=chunk_coords)
     if spec.kind == "sjlt":
         return SJLTProjector(spec, param_shapes, **common)
+    if spec.kind == "factored":
+        return FactoredProjector(spec, param_shapes, **common)
     if spec.kind in ("gaussian", "rademacher"):
         return DenseProjector(spec, param_shapes, max_block_elems=max_block_elems, **common)
     return IdentityProjector(spec, param_shapes, **common)

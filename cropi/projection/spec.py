@@ -20,6 +20,15 @@ Field meanings:
   against parameter names; a parameter is projected iff it matches
   ``include`` (or include is None) and does not match ``exclude``.
 - ``identity_limit``: the most coordinates an ``identity`` projector will emit.
+- ``factored`` (cropi.projection.factored): per linear layer ``W`` (out x in), the
+  Kronecker-factored block ``P_out G P_in^T`` (``factor_out`` x ``factor_in``) of its
+  gradient ``G``, blocks concatenated in parameter order. It projects the 2-d ``.weight``
+  of every linear layer and of the input embedding that the filter selects (with tied
+  weights the embedding / output-layer matrix is one parameter, one block); biases and
+  norms (1-d) are never projected. ``dim`` is derived (layers x factor_out x factor_in:
+  leave it unset) and nothing is subsampled (``kept_fraction`` is 1).
+- ``factor_in`` / ``factor_out``: the factored kind's per-layer sizes; None for every
+  other kind, and then absent from ``spec_id`` (ids of stored specs are unchanged).
 """
 
 from __future__ import annotations
@@ -35,8 +44,11 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from cropi.errors import MismatchError
 
 DEFAULT_DIM = 32768
+DEFAULT_FACTOR = 16
+FACTOR_FIELDS = ("factor_in", "factor_out")  # dropped from spec_id while None
 MAX_DIM = 2**24  # keeps row indices in int32 and dense entry indices far from int64 overflow
 MAX_SEED = 2**63 - 1
+MAX_FACTOR = 4096
 
 
 class SpecMismatchError(MismatchError):
@@ -48,7 +60,7 @@ class ProjectionSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["sjlt", "gaussian", "rademacher", "identity"] = "sjlt"
+    kind: Literal["sjlt", "gaussian", "rademacher", "identity", "factored"] = "sjlt"
     dim: int | None = DEFAULT_DIM
     kept_fraction: float = 0.1
     seed: int = 0
@@ -56,16 +68,27 @@ class ProjectionSpec(BaseModel):
     include: str | None = None
     exclude: str | None = None
     identity_limit: int = 2**24
+    factor_in: int | None = None
+    factor_out: int | None = None
 
     @model_validator(mode="before")
     @classmethod
-    def _identity_ignores_dim(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and data.get("kind") == "identity":
-            dim = data.get("dim")
-            if dim is not None and dim != DEFAULT_DIM:
-                raise ValueError(f"dim is ignored for kind='identity' (its output length is the kept count); "
-                                 f"leave dim unset, got dim={dim!r}")
-            data = {**data, "dim": None}
+    def _derived_dim(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or data.get("kind") not in ("identity", "factored"):
+            return data
+        kind, dim = data["kind"], data.get("dim")
+        if dim is not None and dim != DEFAULT_DIM:
+            what = "the kept count" if kind == "identity" else "layers x factor_out x factor_in"
+            raise ValueError(f"dim is ignored for kind={kind!r} (its output length is {what}); "
+                             f"leave dim unset, got dim={dim!r}")
+        data = {**data, "dim": None}
+        if kind == "factored":
+            if data.get("kept_fraction", 1.0) != 1.0:
+                raise ValueError("kept_fraction is ignored for kind='factored' (every coordinate of a projected "
+                                 f"layer enters its block); leave it unset, got {data['kept_fraction']!r}")
+            data = {"factor_in": DEFAULT_FACTOR, "factor_out": DEFAULT_FACTOR,
+                    **{k: v for k, v in data.items() if k not in FACTOR_FIELDS or v is not None},
+                    "kept_fraction": 1.0, "dim": None}
         return data
 
     @field_validator("kept_fraction")
@@ -101,7 +124,13 @@ class ProjectionSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check_dim_and_nnz(self) -> "ProjectionSpec":
-        if self.kind == "identity":
+        factors = [self.factor_in, self.factor_out]
+        if self.kind != "factored" and factors != [None, None]:
+            raise ValueError(f"factor_in and factor_out belong to kind='factored'; leave them unset for "
+                             f"kind={self.kind!r}")
+        if self.kind == "factored" and not all(1 <= f <= MAX_FACTOR for f in factors):
+            raise ValueError(f"factor_in and factor_out must be integers in [1, {MAX_FACTOR}], got {factors}")
+        if self.kind in ("identity", "factored"):
             return self
         if self.dim is None or not 1 <= self.dim <= MAX_DIM:
             raise ValueError(f"dim must be an integer in [1, {MAX_DIM}] for kind={self.kind!r}, got {self.dim!r}")
@@ -112,8 +141,9 @@ class ProjectionSpec(BaseModel):
 
     @property
     def spec_id(self) -> str:
-        """First 16 hex digits of sha256 over the canonical (sorted-key) JSON."""
-        canon = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """First 16 hex digits of sha256 over the canonical (sorted-key) JSON (factor fields only when set)."""
+        fields = {k: v for k, v in self.model_dump(mode="json").items() if not (k in FACTOR_FIELDS and v is None)}
+        canon = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
     @classmethod

@@ -27,7 +27,15 @@ prompt's baseline, and re-normalising over the survivors would change the kept r
 signal because of what was dropped (a group with its only correct answer dropped would
 turn its best wrong answer positive).
 
-Per-response gradients come from one ``torch.func.vmap`` over ``grad`` of the per-response
+Per-response gradients, for the ``factored`` projection kind (cropi.projection.factored): one
+batched forward and one backward over the buffer's rows with the factored hooks
+(cropi.gradients.hooks): each row's ``P g(z)`` is its own block sum, no per-response or weight
+gradient is formed, and ``chunk`` rows go through a pass. The validation target is the same
+pass over the validation rollouts, rows summed. The step's update cannot reuse these blocks: it
+needs the full weight gradient of the kept responses, which the factored pass never forms (a
+projection cannot be un-projected), so the update runs its own forward and backward.
+
+For the other kinds, per-response gradients come from one ``torch.func.vmap`` over ``grad`` of the per-response
 loss, with eager attention (sdpa under vmap fails with a mask), right
 padding and no attention mask (causal attention never looks at the padding after a row's
 tokens) and the LM head applied only at the response positions. Responses whose advantage
@@ -67,7 +75,7 @@ class OnlineFilterOptions(BaseModel):
     target: Literal["auto", "validation", "buffer"] = Field(
         "auto", description="auto: validation for ippo, buffer (IIF's own objective) for iif and random")
     score: Literal["dot", "cosine"] = "dot"
-    projection: ProjectionSpec = ProjectionSpec(dim=2048, kept_fraction=0.1)
+    projection: ProjectionSpec = ProjectionSpec(kind="factored")
     validation_files: dict[str, str] = Field(default_factory=dict, description="validation set name -> prompt file")
     validation_prompts: int = Field(8, ge=1, description="prompts per validation set, drawn once per stage")
     validation_rollouts: int = Field(8, ge=2, description="responses per validation prompt (sampled per stage)")
@@ -129,6 +137,7 @@ class Responses:
     targets: torch.Tensor
     mask: torch.Tensor
     lengths: torch.Tensor     # |y| (float)
+    tokens: torch.Tensor      # (n, L): 1 on prompt and response tokens, 0 on padding
 
     @classmethod
     def build(cls, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> "Responses":
@@ -139,28 +148,38 @@ class Responses:
         positions = torch.zeros((n, resp), dtype=torch.long)
         targets = torch.full((n, resp), pad_id, dtype=torch.long)
         mask = torch.zeros((n, resp))
+        tokens = torch.zeros((n, width))
         for i, (p, r) in enumerate(seqs):
             ids[i, :len(p) + len(r)] = torch.tensor(list(p) + list(r))
+            tokens[i, :len(p) + len(r)] = 1.0
             k = len(r)
             positions[i, :k] = torch.arange(len(p) - 1, len(p) - 1 + k)
             targets[i, :k] = torch.tensor(list(r), dtype=torch.long)
             mask[i, :k] = 1.0
-        return cls(ids, positions, targets, mask, mask.sum(1))
+        return cls(ids, positions, targets, mask, mask.sum(1), tokens)
 
     def take(self, index: torch.Tensor) -> "Responses":
         return Responses(self.ids[index], self.positions[index], self.targets[index], self.mask[index],
-                         self.lengths[index])
+                         self.lengths[index], self.tokens[index])
 
 
 class GradientEngine:
     """Projected per-response POPI gradients of a live model, without touching its ``.grad`` or flags."""
 
-    def __init__(self, model: torch.nn.Module, spec: ProjectionSpec, *, chunk: int = 64):
+    def __init__(self, model: torch.nn.Module, spec: ProjectionSpec, *, chunk: int = 64,
+                 batched: Optional[bool] = None):
+        """``batched``: the factored hooks' one-pass path (default for kind factored; True needs it);
+        False: per-response gradients through vmap, projected after (the reference the tests compare to)."""
         self.model, self.chunk = model, chunk
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         self.projector = make_projector(spec, shapes, device=next(model.parameters()).device)
         self.names = list(self.projector.param_names)
         self._covered = set(self.names)
+        self.hooks = None
+        if batched if batched is not None else spec.kind == "factored":
+            from cropi.gradients.hooks import FactoredHooks
+
+            self.hooks = FactoredHooks(model, self.projector)
 
     def per_response(self, resp: Responses, adv: torch.Tensor, behavior: Optional[torch.Tensor] = None
                      ) -> torch.Tensor:
@@ -174,6 +193,10 @@ class GradientEngine:
         out = torch.zeros(len(adv), self.projector.out_dim, device=self.projector.device)
         live = torch.nonzero(adv != 0).squeeze(1)
         if live.numel() == 0:
+            return out
+        if self.hooks is not None:
+            for part in torch.split(live, self.chunk):
+                out[part] = self._rows(resp.take(part), adv[part], None if behavior is None else behavior[part])
             return out
         model, device = self.model, next(self.model.parameters()).device
         trained = {n: p.detach() for n, p in model.named_parameters() if n in self._covered}
@@ -201,6 +224,8 @@ class GradientEngine:
 
     def summed(self, resp: Responses, adv: torch.Tensor, behavior: torch.Tensor) -> torch.Tensor:
         """``P`` of the gradient of sum_z POPI loss(z), from one batched backward (k,)."""
+        if self.hooks is not None:
+            return self.per_response(resp, adv, behavior).sum(0)
         from torch.func import functional_call
 
         model, device = self.model, next(self.model.parameters()).device
@@ -215,6 +240,19 @@ class GradientEngine:
         grads = torch.autograd.grad(loss, list(trained.values()), allow_unused=True)
         by_name = {n: (g if g is not None else torch.zeros_like(p)) for (n, p), g in zip(trained.items(), grads)}
         return self.projector.project((n, by_name[n][None]) for n in self.names)[0]
+
+    def _rows(self, resp: Responses, adv: torch.Tensor, behavior: Optional[torch.Tensor]) -> torch.Tensor:
+        """Factored ``P g(z)`` of each row from one forward and one activation-only backward."""
+        device = next(self.model.parameters()).device
+        with self.hooks.capture(resp.tokens.to(device)) as cap:
+            logits = self.model(input_ids=resp.ids.to(device), use_cache=False).logits
+            lp = _picked_logprobs(logits, resp, device)
+            old = lp.detach() if behavior is None else behavior.to(device)  # on-policy: rho = 1
+            mask = resp.mask.to(device)
+            ratio = torch.exp((lp - old) * mask)
+            terms = adv.to(device, lp.dtype) * (ratio * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+            cap.backward(-terms.sum())
+        return cap.rows.to(self.projector.device, torch.float32)
 
     def token_logprobs(self, resp: Responses) -> torch.Tensor:
         """Teacher-forced log-probs of the response tokens (n, R), no gradient."""

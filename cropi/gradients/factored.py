@@ -1,0 +1,139 @@
+"""Many prompts' POPI gradients from one backward: the batched path of the ``factored`` kind.
+
+Every response of every prompt handed to ``compute_many`` is one row; rows are packed
+(longest first) into left-padded micro-batches of at most ``token_budget`` padded tokens,
+whatever prompt they belong to. A micro-batch's loss is
+
+    L = sum_rows -(1/K_s) (1/|y_k|) sum_t rho_{k,t} A_k        (row k of prompt s; POPI's terms)
+
+so the gradient of L at a row's tokens is that of its own prompt's POPI loss: rows share
+no tokens, padding is masked out of the attention and of the hooks, and each row carries
+its prompt's 1/K and its own 1/|y_k|. The hooks (``cropi.gradients.hooks``) give each row's
+factored block; a prompt's vector is the sum of its rows' blocks, over whichever
+micro-batches they fell in. No weight gradient is formed (the model's weights are frozen
+here: the computer owns ``requires_grad``, as the per-prompt one does).
+
+Prompts whose advantages are all zero get a forward pass only (their ESS), as in the
+per-prompt path. ``raw_norm`` is the norm of the factored vector, an unbiased estimate of
+the full gradient's squared norm (the full gradient itself is never formed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from cropi.errors import InvalidInputError
+from cropi.gradients.batching import build_rows, plan_micro_batches
+from cropi.gradients.computer import (LossOptions, Trajectories, context_limit, diagnostics, fit_to_context,
+                                      pad_id_of, rewards_and_base, token_logprobs)
+from cropi.gradients.hooks import FactoredHooks
+from cropi.gradients.popi import group_advantages, popi_response_terms, sequence_log_weights
+from cropi.store.types import GradientRecord
+
+PROMPTS_PER_CALL = 64  # what the gradients job hands compute_many at once (rows are re-packed inside)
+
+
+@dataclass
+class _Prompt:
+    """One prompt's fitted group and what is computed for it."""
+
+    prompt: list[int]
+    responses: list[list[int]]
+    behavior: list[list[float]]
+    truncated: str | None
+    adv: torch.Tensor
+    base: dict
+    rewards: torch.Tensor
+    log_w: torch.Tensor = field(default=None)
+
+    @property
+    def live(self) -> bool:
+        return self.truncated != "prompt" and bool(torch.any(self.adv != 0))
+
+
+class FactoredComputer:
+    """``compute_many(trajs)``: each prompt's factored POPI vector, rows of many prompts per backward."""
+
+    prompts_per_call = PROMPTS_PER_CALL
+
+    def __init__(self, model: torch.nn.Module, projector, options: LossOptions | None = None):
+        self.model, self.projector = model, projector
+        self.options = options or LossOptions()
+        if self.options.advantage != "behavior":
+            raise InvalidInputError(f"the factored projection computes CROPI's estimator only (advantage='behavior'), "
+                                    f"not advantage={self.options.advantage!r}: use another projection kind for it")
+        self.hooks = FactoredHooks(model, projector)
+        for p in model.parameters():
+            p.requires_grad_(False)  # activation gradients only: the hooks' anchor starts the graph
+        self.device = next(model.parameters()).device
+        self.pad_id = pad_id_of(model)
+        self.max_length = context_limit(model, self.options)
+
+    def compute(self, traj: Trajectories) -> GradientRecord:
+        return self.compute_many([traj])[0]
+
+    def compute_many(self, trajs: Sequence[Trajectories]) -> list[GradientRecord]:
+        prompts = [self._prepare(t) for t in trajs]
+        vectors = self.vectors(prompts)
+        return [self._record(p, vectors[i]) for i, p in enumerate(prompts)]
+
+    def vectors(self, prompts: Sequence[_Prompt]) -> torch.Tensor:
+        """Each prompt's factored vector (n, out_dim), in float32 or the model's wider dtype; sets ``log_w``."""
+        dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
+        out = torch.zeros(len(prompts), self.projector.out_dim, dtype=dtype, device=self.device)
+        for p in prompts:
+            p.log_w = torch.zeros(len(p.responses), dtype=torch.float64)
+        for live in (True, False):
+            rows = [(i, k) for i, p in enumerate(prompts) if p.truncated != "prompt" and p.live == live
+                    for k in range(len(p.responses))]
+            lengths = [len(prompts[i].prompt) + len(prompts[i].responses[k]) for i, k in rows]
+            for group in plan_micro_batches(lengths, self.options.token_budget):
+                self._micro_batch(prompts, [rows[j] for j in group], out if live else None)
+        return out
+
+    def _micro_batch(self, prompts, rows: list[tuple[int, int]], out: torch.Tensor | None) -> None:
+        mb = build_rows([(prompts[i].prompt, prompts[i].responses[k], prompts[i].behavior[k]) for i, k in rows],
+                        list(range(len(rows))), self.pad_id)
+        beh, mask = mb.behavior_logp.to(self.device), mb.response_mask.to(self.device)
+        if out is None:
+            with torch.no_grad():
+                self._keep_log_w(prompts, rows, token_logprobs(self.model, mb, self.device), beh, mask)
+            return
+        with self.hooks.capture(mb.attention_mask) as cap:
+            logp = token_logprobs(self.model, mb, self.device)
+            self._keep_log_w(prompts, rows, logp.detach(), beh, mask)
+            adv = torch.stack([prompts[i].adv[k] for i, k in rows]).to(self.device)
+            terms = popi_response_terms(logp, beh, mask, adv, self.options.clip_eps)
+            k = torch.tensor([len(prompts[i].responses) for i, _ in rows], dtype=terms.dtype, device=self.device)
+            cap.backward(-(terms / k).sum())
+        owner = torch.tensor([i for i, _ in rows], device=self.device)
+        out.index_add_(0, owner, cap.rows.to(out.dtype))
+
+    @staticmethod
+    def _keep_log_w(prompts, rows, logp, beh, mask) -> None:
+        log_w = sequence_log_weights(logp, beh, mask).cpu()
+        for j, (i, k) in enumerate(rows):
+            prompts[i].log_w[k] = log_w[j]
+
+    def _prepare(self, traj: Trajectories) -> _Prompt:
+        prompt, responses, behavior, truncated = fit_to_context(traj, self.max_length)
+        rewards, base = rewards_and_base(traj, prompt, responses)
+        return _Prompt(prompt, responses, behavior, truncated, group_advantages(rewards), base, rewards)
+
+    def _record(self, p: _Prompt, vector: torch.Tensor) -> GradientRecord:
+        zeros = np.zeros(self.projector.out_dim, dtype=np.float32)
+        if p.truncated == "prompt":
+            return GradientRecord(vector=zeros, raw_norm=0.0, status="truncated", **p.base)
+        base = p.base | diagnostics(p.log_w, p.rewards)
+        if not p.live:
+            return GradientRecord(vector=zeros, raw_norm=0.0, status="zero_advantage", **base)
+        raw_norm = float(vector.double().norm())
+        if not math.isfinite(raw_norm):
+            return GradientRecord(vector=zeros, raw_norm=raw_norm, status="nonfinite", **base)
+        status = "truncated" if p.truncated else "ok"
+        return GradientRecord(vector=vector.float().cpu().numpy(), raw_norm=raw_norm, status=status, **base)

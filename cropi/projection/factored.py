@@ -1,0 +1,100 @@
+"""Kronecker-factored projection of linear layers' gradients (LoGra's idea; METHOD.md, "Factored projection").
+
+For a linear layer ``y = W x`` (W: out x in) the gradient of an example is
+``G = sum_t delta_t x_t^T``. This kind maps it to the ``factor_out x factor_in`` block
+
+    P_out G P_in^T = sum_t (P_out delta_t) (P_in x_t)^T
+
+with seeded Gaussian ``P_in`` (factor_in x in) and ``P_out`` (factor_out x out), entries
+N(0, 1/factor) from the hash (``dense_block``, streams 1 and 2 under the layer's
+``name_key``), so E||P_out G P_in^T||_F^2 = ||G||_F^2. The output vector is the blocks,
+each flattened row-major, concatenated in parameter order.
+
+Two ways to the same numbers:
+
+- ``project(named_grads)``: from formed gradients ``G`` (for checks, and for benchmarks
+  that already hold full gradients);
+- ``cropi.gradients.hooks``: from ``P_in x_t`` kept on the forward pass and ``P_out delta_t``
+  on the backward pass, so one batched backward gives every example's block and ``G`` is
+  never formed.
+
+Which parameters: the 2-d ``.weight`` of each layer the spec's filter selects: linear
+layers, and the input embedding (its gradient ``sum_t e_token g_t^T`` has the same outer-
+product form, with a one-hot on the output side; with tied weights the output layer adds
+its own linear-layer term to the same block). Biases and norm weights (1-d) are not
+projected: a documented loss of coverage, measured by benchmarks/fidelity.py. The hooks
+refuse a selected parameter used by any other kind of module (exclude it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from cropi.errors import InvalidInputError
+from cropi.projection.base import Piece, Projector
+from cropi.projection.dense import dense_block
+from cropi.projection.inputs import collect_grads
+
+IN_STREAM, OUT_STREAM = 1, 2
+
+
+class FactoredProjector(Projector):
+    """Per-layer ``P_out G P_in^T`` blocks, concatenated; see the module docstring."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.spec.kind != "factored":
+            raise InvalidInputError(f"FactoredProjector needs kind 'factored', got {self.spec.kind!r}")
+        self.block_size = self.spec.factor_out * self.spec.factor_in
+        self._offsets = {name: i * self.block_size for i, name in enumerate(self.param_names)}
+        self._mats: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def selects(self, name: str) -> bool:
+        """The spec's filter, restricted to 2-d ``.weight`` parameters."""
+        shape = self._all.get(name)
+        is_weight = name.endswith("weight") and (shape is None or len(shape) == 2)
+        return is_weight and super().selects(name)
+
+    @property
+    def out_dim(self) -> int:
+        return len(self.param_names) * self.block_size
+
+    @property
+    def n_kept(self) -> int:
+        return self.n_coords  # nothing is subsampled
+
+    def kept_count(self, name: str) -> int:
+        return math.prod(self._shapes[name])
+
+    def offset(self, name: str) -> int:
+        """Where the block of ``name`` starts in the output vector."""
+        return self._offsets[name]
+
+    def matrices(self, name: str, device=None, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(P_out^T, P_in^T)`` of layer ``name``: shapes (out, factor_out) and (in, factor_in)."""
+        device = torch.device(device) if device is not None else self.device
+        key = (name, str(device), dtype)
+        if key not in self._mats:
+            out_f, in_f = self._shapes[name]
+            k = self._keys[name]
+            pout = dense_block("gaussian", k, torch.arange(out_f, device=device), self.spec.factor_out, OUT_STREAM)
+            pin = dense_block("gaussian", k, torch.arange(in_f, device=device), self.spec.factor_in, IN_STREAM)
+            self._mats[key] = (pout.to(dtype), pin.to(dtype))
+        return self._mats[key]
+
+    def project(self, named_grads) -> torch.Tensor:
+        """Blocks of formed gradients: each tensor (n, out, in); returns float32 (n, out_dim)."""
+        grads, n = collect_grads(named_grads, self._shapes, self._all, self.selects)
+        out = torch.zeros(n, self.out_dim, dtype=torch.float32, device=self.device)
+        for name in self.param_names:
+            g = grads[name].to(self.device)
+            dtype = torch.promote_types(g.dtype, torch.float32)
+            pout, pin = self.matrices(name, dtype=dtype)
+            block = torch.einsum("oa,noi,ib->nab", pout, g.to(dtype), pin)
+            out[:, self._offsets[name]:self._offsets[name] + self.block_size] = block.reshape(n, -1)
+        return out
+
+    def _apply(self, out: torch.Tensor, values: torch.Tensor, piece: Piece, key: int) -> None:
+        raise NotImplementedError("FactoredProjector.project does not go through kept-coordinate pieces")
