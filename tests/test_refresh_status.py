@@ -33,6 +33,9 @@ def test_status_change_probability_hand_values():
     cols = list(zip(*[c for c, _ in cases]))
     got = status_change_probability(cols[0], cols[1], cols[2], cols[3], np.log(cols[4]))
     assert got.tolist() == pytest.approx([v for _, v in cases], rel=1e-12, abs=1e-15)
+    # a mean weight of e^800 (overflow-sized): as any mass above 1, the group stays as it was
+    got = status_change_probability([0.0, 1.0], [0.0, 0.0], [8, 8], [0.0, 1.0], [800.0, 800.0])
+    assert got.tolist() == [0.0, 0.0]
     # unknown p_theta or weight, or a single response: never a value
     got = status_change_probability([0.5, 0.5, 1.0], [0.7, 0.7, 0.0], [8, 8, 1], [np.nan, 0.5, 1.0],
                                     [0.0, np.nan, 0.0])

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS
 from cropi.errors import CorruptDataError, InvalidInputError, MismatchError, NotFoundError
 from cropi.store import (GRADIENT_STATUSES, TRAJECTORY_SCHEMA, CheckpointRef, GradientStore, ShardedDataset,
                          TrajectoryStore, gradient_schema)
@@ -505,7 +506,7 @@ def test_schema_errors_name_the_columns(tmp_path):
     good = {"prompt_id": ["a"], "vector": pa.array([[0.0] * DIM], pa.list_(pa.float32(), DIM)),
             "raw_norm": [1.0], "n_responses": pa.array([2], pa.int32()), "reward_mean": [0.5],
             "reward_std": [0.1], "n_tokens": [10], "status": ["ok"],
-            "ess": pa.array([None], pa.float64()), "ess_fraction": pa.array([None], pa.float64())}
+            **{c: pa.array([None], pa.float64()) for c in GRADIENT_OPTIONAL_COLUMNS}}
     bad = dict(good, n_tokens=["ten"], extra=[1])
     del bad["raw_norm"]
     with pytest.raises(InvalidInputError) as e:
@@ -556,7 +557,9 @@ def test_non_local_filesystem_path(tmp_path):
     row = {"prompt_id": ["a", "b"], "vector": pa.array([[1, 2, 3, 4], [5, 6, 7, 8]], pa.list_(pa.float32(), 4)),
            "raw_norm": [1.0, 2.0], "n_responses": pa.array([1, 2], pa.int32()), "reward_mean": [0.0, 1.0],
            "reward_std": [0.0, 0.5], "n_tokens": [3, 4], "status": ["ok", "truncated"],
-           "ess": pa.array([2.0, None], pa.float64()), "ess_fraction": pa.array([1.0, None], pa.float64())}
+           "ess": pa.array([2.0, None], pa.float64()), "ess_fraction": pa.array([1.0, None], pa.float64()),
+           "p_theta": pa.array([0.0, None], pa.float64()), "std_theta": pa.array([0.0, None], pa.float64()),
+           "log_mean_weight": pa.array([0.0, None], pa.float64())}
     ds.writer("w").commit(pa.table(row))
     again = ShardedDataset("ds", filesystem=fs)
     assert again.read().column("prompt_id").to_pylist() == ["a", "b"]

@@ -63,7 +63,7 @@ class RefreshJob(BaseModel):
                          "come from it)")
     gradients: str = Field(min_length=1, description="gradient store directory or pyarrow URI")
     checkpoint: str = Field(pattern=NAME_PATTERN, description="checkpoint name in the gradient store (the one "
-                            "whose gradients give each prompt's ESS/K)")
+                            "whose gradients give each prompt's diagnostics)")
     spec_id: Optional[str] = Field(None, description="projection spec id, when the checkpoint has several")
     split: str = Field(POOL, pattern=NAME_PATTERN, description="the split to refresh")
     out: str = Field(min_length=1, description="output folder: plan.json, prompts.jsonl, trajectories/")
@@ -93,11 +93,12 @@ def status_change_probability(reward_mean, reward_std, n_responses, p_theta, log
     Rewards are taken as 0/1: an all-equal group failed when its mean is below 1/2."""
     mean, std = np.asarray(reward_mean, np.float64), np.asarray(reward_std, np.float64)
     k, p = np.asarray(n_responses, np.float64), np.asarray(p_theta, np.float64)
-    mass = np.exp(np.asarray(log_mean_weight, np.float64))
+    log_mass = np.asarray(log_mean_weight, np.float64)
+    mass = np.exp(np.minimum(log_mass, 1.0))  # any mass above 1 clips alike: no overflow
     unseen = np.where(mean < 0.5, 1.0 - mass, mass)  # theta's pass rate on what the group never saw
     mixed = std > 0
     out = np.where(mixed, 1.0 - _mixed(p, k), _mixed(unseen, k))
-    return np.where(np.isfinite(p) & np.isfinite(mass) & (k >= 2), out, np.nan)
+    return np.where(np.isfinite(p) & np.isfinite(log_mass) & (k >= 2), out, np.nan)
 
 
 def _mixed(p: np.ndarray, k: np.ndarray) -> np.ndarray:
