@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
-from test_gradients import brute_force_grad, make_traj, tiny_model
+from support.gradients import brute_force_grad, make_traj, tiny_model
 
 from cropi.errors import InvalidInputError
 from cropi.gradients import LossOptions, make_computer
@@ -187,7 +187,7 @@ def test_cpu_and_cuda_batched_vectors_agree():
 def test_the_gradients_job_stores_factored_vectors_that_rank(tmp_path):
     """The CLI's gradients job on the golden case with kind factored: many prompts per call, vectors equal
     to each prompt computed alone, and the store, rank step and spec id take them unchanged."""
-    from test_golden import COLLECT, GOLDEN, MODEL, _cli
+    from support.golden import COLLECT, GOLDEN, MODEL, cli as _cli
 
     from cropi.models.loading import load_causal_lm
     from cropi.store import GradientStore, TrajectoryStore

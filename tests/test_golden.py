@@ -9,33 +9,18 @@ then (tests/golden/model), so the rewards are mixed and the vectors carry signal
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-GOLDEN = HERE / "golden"
-MODEL = GOLDEN / "model"  # the demo's shipped model at 12489f8, kept byte for byte as this case's input
+from support.golden import COLLECT, GOLDEN, HERE, MODEL, cli as _cli  # noqa: F401
+
 SPLITS = ("pool", "val_a", "val_b")
-COLLECT = ["--backend", "hf", "--samples", "6", "--max-new-tokens", "96", "--temperature", "0.7",
-           "--reward", "exact_numeric", "--seed", "3"]
 PROJECTIONS = {"f32": ["--projection-dim", "256", "--kept-fraction", "0.5", "--dtype", "float32"],
                "f16": ["--projection-dim", "128", "--projection-kind", "gaussian", "--kept-fraction", "0.25"]}
-
-
-def _cli(*args: str) -> dict:
-    from cropi.cli import main
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = main([*args, "--json"])
-    assert code == 0, buf.getvalue()
-    return json.loads(buf.getvalue().strip().splitlines()[-1])
 
 
 def _sha(b: bytes) -> str:

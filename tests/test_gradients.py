@@ -11,58 +11,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from cropi.gradients import GradientComputer, LossOptions, group_advantages
 from cropi.projection import ProjectionSpec, make_projector
-from support.gradients import VOCAB, Traj
-
-
-def tiny_model(seed=0):
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                      max_position_embeddings=64, tie_word_embeddings=True, pad_token_id=0)
-    cfg._attn_implementation = "eager"
-    return Qwen2ForCausalLM(cfg).eval()
-
-
-def make_traj(rng, rewards, prompt_len=5, noise=0.3, behavior=None):
-    prompt = rng.integers(1, VOCAB, prompt_len).tolist()
-    lengths = rng.integers(1, 9, len(rewards))
-    responses = [rng.integers(1, VOCAB, n).tolist() for n in lengths]
-    beh = behavior or [(rng.normal(-4.6, noise, n)).tolist() for n in lengths]
-    return Traj("p0", prompt, responses, beh, list(rewards))
-
-
-def seq_logprobs(model, prompt, response):
-    """Log-probs of each response token, one unpadded sequence, position by position."""
-    ids = torch.tensor([prompt + response])
-    logits = model(input_ids=ids).logits[0]
-    out = []
-    for t, tok in enumerate(response):
-        out.append(torch.log_softmax(logits[len(prompt) + t - 1].double(), -1)[tok])
-    return torch.stack(out)
-
-
-def brute_force_grad(model, traj, clip=None):
-    r = np.array(traj.rewards, dtype=np.float64)
-    adv = (r - r.mean()) / (r.std(ddof=1) + 1e-4)
-    model.zero_grad()
-    total = 0.0
-    for k, resp in enumerate(traj.responses):
-        logp = seq_logprobs(model, traj.prompt_token_ids, resp)
-        rho = torch.exp(logp - torch.tensor(traj.behavior_logprobs[k], dtype=torch.float64))
-        term = rho * adv[k]
-        if clip is not None:
-            term = torch.minimum(term, torch.clamp(rho, 1 - clip, 1 + clip) * adv[k])
-        total = total + term.mean()
-    loss = -total / len(traj.responses)
-    params = [p for p in model.parameters()]
-    grads = torch.autograd.grad(loss, params)
-    return [(n, g) for (n, _), g in zip(model.named_parameters(), grads)]
-
-
-def computer_for(model, spec, **opts):
-    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    projector = make_projector(spec, shapes)
-    return GradientComputer(model, projector, LossOptions(**opts)), projector
+from support.gradients import (VOCAB, Traj, brute_force_grad, computer_for, make_traj, seq_logprobs,  # noqa: F401
+                               tiny_model)
 
 
 @pytest.mark.parametrize("clip", [None, 0.2])

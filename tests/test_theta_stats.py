@@ -16,9 +16,9 @@ from cropi.projection import ProjectionSpec
 from cropi.store import CheckpointRef, GradientStore
 from cropi.store.sharded import ShardedDataset
 from cropi.store.types import gradient_schema, legacy_schema
-from test_ess import group  # a group whose behavior log-probs are the model's own, shifted by known amounts
-from test_ess import tiny_model as ess_model
-from test_gradients import computer_for, make_traj, seq_logprobs, tiny_model
+from support.ess import group  # a group whose behavior log-probs are the model's own, shifted by known amounts
+from support.ess import tiny_model as ess_model
+from support.gradients import computer_for, make_traj, seq_logprobs, tiny_model
 
 IDENTITY = ProjectionSpec(kind="identity", kept_fraction=1.0)
 

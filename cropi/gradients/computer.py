@@ -14,26 +14,18 @@ prompts' vectors from one backward. Both have ``compute`` (one prompt) and
 from __future__ import annotations
 
 import math
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from cropi.gradients.options import LossOptions
 from cropi.gradients.batching import build_micro_batch, plan_micro_batches
-from cropi.gradients.popi import (effective_sample_size, group_advantages, log_mean_weight, popi_loss,
-                                  sequence_log_weights, theta_coefficients, theta_loss, weighted_group_stats)
+from cropi.gradients.popi import (group_advantages, popi_loss, sequence_log_weights, theta_coefficients,
+                                  theta_loss)
+from cropi.gradients.groups import (Trajectories, context_limit, diagnostics, fit_to_context,  # noqa: F401
+                                    pad_id_of, rewards_and_base, token_logprobs)
 from cropi.store.types import GradientRecord
-
-
-class Trajectories(Protocol):
-    """What the computer needs of one prompt's offline trajectories."""
-
-    prompt_id: str
-    prompt_token_ids: Sequence[int]
-    responses: Sequence[Sequence[int]]
-    behavior_logprobs: Sequence[Sequence[float]]
-    rewards: Sequence[float | None]
 
 
 class GradientComputer:
@@ -118,52 +110,6 @@ class GradientComputer:
         return np.zeros(self.projector.out_dim, dtype=np.float32)
 
 
-def token_logprobs(model, mb, device) -> torch.Tensor:
-    """log pi of each target token of a left-padded micro-batch (B, L); logits only where needed."""
-    keep = mb.targets.shape[1] + 1
-    out = model(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device),
-                position_ids=mb.position_ids.to(device), logits_to_keep=keep, use_cache=False)
-    logits = out.logits[:, :-1]
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32, or float64 for checks
-    targets = mb.targets.to(device)
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
-
-
-def fit_to_context(traj: Trajectories, limit: int | None):
-    """Cut responses that overflow the context; flag what was cut ("prompt", "response" or None)."""
-    prompt = list(traj.prompt_token_ids)
-    responses = [list(r) for r in traj.responses]
-    behavior = [list(b) for b in traj.behavior_logprobs]
-    if limit is None:
-        return prompt, responses, behavior, None
-    if len(prompt) >= limit:
-        return prompt, responses, behavior, "prompt"
-    room = limit - len(prompt)
-    cut = any(len(r) > room for r in responses)
-    return prompt, [r[:room] for r in responses], [b[:room] for b in behavior], ("response" if cut else None)
-
-
-def rewards_and_base(traj: Trajectories, prompt, responses) -> tuple[torch.Tensor, dict]:
-    """The group's rewards (a failed reward counts 0) and the record fields every status shares."""
-    rewards = torch.tensor([0.0 if r is None else float(r) for r in traj.rewards])
-    n_tokens = sum(len(prompt) + len(r) for r in responses)
-    base = dict(prompt_id=traj.prompt_id, n_responses=len(responses), n_tokens=n_tokens,
-                reward_mean=float(rewards.mean()) if len(rewards) else 0.0,
-                reward_std=float(rewards.std()) if len(rewards) > 1 else 0.0)
-    return rewards, base
-
-
-def diagnostics(log_w: torch.Tensor, rewards: torch.Tensor) -> dict:
-    """ESS, ESS/K, the importance-weighted pass rate and std of the group at theta, and the log
-    of the mean weight."""
-    k = len(log_w)
-    ess = effective_sample_size(log_w)
-    stats = weighted_group_stats(log_w, rewards) if k else None
-    return {"ess": ess, "ess_fraction": None if ess is None or k == 0 else ess / k,
-            "p_theta": None if stats is None else stats[0], "std_theta": None if stats is None else stats[1],
-            "log_mean_weight": log_mean_weight(log_w)}
-
-
 def make_computer(model: torch.nn.Module, projector, options: LossOptions | None = None):
     """The gradient computer for ``projector``'s kind: batched for ``factored``, per prompt otherwise."""
     if projector.spec.kind == "factored":
@@ -176,17 +122,3 @@ def make_computer(model: torch.nn.Module, projector, options: LossOptions | None
 def _grad_of(p: torch.nn.Parameter) -> torch.Tensor:
     return p.grad if p.grad is not None else torch.zeros_like(p)
 
-
-def context_limit(model, options: LossOptions) -> int | None:
-    return options.max_length or getattr(model.config, "max_position_embeddings", None)
-
-
-def pad_id_of(model) -> int:
-    cfg = model.config
-    for attr in ("pad_token_id", "eos_token_id"):
-        value = getattr(cfg, attr, None)
-        if isinstance(value, list):
-            value = value[0] if value else None
-        if value is not None:
-            return int(value)
-    return 0

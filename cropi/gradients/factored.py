@@ -29,8 +29,9 @@ import torch
 
 from cropi.errors import InvalidInputError
 from cropi.gradients.batching import build_rows, plan_micro_batches
-from cropi.gradients.computer import (LossOptions, Trajectories, context_limit, diagnostics, fit_to_context,
-                                      pad_id_of, rewards_and_base, token_logprobs)
+from cropi.gradients.groups import (Trajectories, context_limit, diagnostics, fit_to_context, pad_id_of,
+                                    rewards_and_base, token_logprobs)
+from cropi.gradients.options import LossOptions
 from cropi.gradients.hooks import FactoredHooks
 from cropi.gradients.popi import group_advantages, popi_response_terms, sequence_log_weights
 from cropi.store.types import GradientRecord
