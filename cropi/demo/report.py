@@ -492,7 +492,8 @@ def _acceleration_text(acc: dict | None) -> str:
         return "CROPI was not among the methods run."
     if acc["mean"] is None:
         return "Undefined on every seed: " + "; ".join(f"seed {s}: {r}" for s, r in acc["undefined"].items())
-    text = (f"CROPI reaches 90% of full-pool training's gain **{acc['mean']:.2f}x** sooner in steps (mean over "
+    text = (f"CROPI's step acceleration to 90% of full-pool training's gain: **{acc['mean']:.2f}x** (above 1: "
+            f"sooner than full-pool training; mean over "
             f"{acc['n']} seed(s); std {_num(acc['std'], 2)}, range {acc['min']:.2f} to {acc['max']:.2f}"
             + (f"; censored on {len(acc['censored'])}" if acc.get("censored") else "") + "). CROPI's paper reports "
             "2.66x (to full's final accuracy) on Qwen2.5-1.5B.")
