@@ -26,10 +26,10 @@ from __future__ import annotations
 import random
 from typing import Callable, Mapping
 
-from cropi.data.records import PromptRecord, stable_prompt_id
+from cropi.data.records import PromptRecord
 from cropi.errors import InvalidInputError
 from cropi.tasks.base import POOL, WARMSTART, Task
-from cropi.tasks.sampling import draw_split
+from cropi.tasks.sampling import draw_split, question_record
 
 SKILLS = ("max", "min", "after", "before", "above", "nth")
 LEVELS = (1, 2, 3)
@@ -87,9 +87,8 @@ GENERATORS: dict[str, Callable[[random.Random, int], tuple[str, int]]] = {
 
 
 def make_record(skill: str, level: int, question: str, answer: int) -> PromptRecord:
-    prompt = [{"role": "user", "content": question}]
-    return PromptRecord(prompt_id=stable_prompt_id(prompt, str(answer)), prompt=prompt, answer=str(answer),
-                        data_source=SOURCE_PREFIX + skill, extra_info={"skill": skill, "level": level})
+    """The prompt record of one problem: a chat prompt, the answer, skill and level."""
+    return question_record(SOURCE_PREFIX, skill, level, question, answer)
 
 
 def split_names() -> list[str]:

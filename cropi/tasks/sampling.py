@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from cropi.data.records import PromptRecord
+from cropi.data.records import PromptRecord, stable_prompt_id
 from cropi.errors import InvalidInputError
 
 # (rng, skill, level) -> (the text that must not repeat, the record)
@@ -50,3 +50,10 @@ def apportion(n: int, weights: list[float]) -> list[int]:
     for i in by_remainder[:n - sum(counts)]:
         counts[i] += 1
     return counts
+
+
+def question_record(source: str, skill: str, level: int, question: str, answer: int) -> PromptRecord:
+    """The record of a one-question chat prompt: its answer, ``data_source`` ``<source><skill>``, skill and level."""
+    prompt = [{"role": "user", "content": question}]
+    return PromptRecord(prompt_id=stable_prompt_id(prompt, str(answer)), prompt=prompt, answer=str(answer),
+                        data_source=source + skill, extra_info={"skill": skill, "level": level})

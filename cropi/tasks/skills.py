@@ -29,10 +29,10 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from cropi.data.records import PromptRecord, stable_prompt_id
+from cropi.data.records import PromptRecord
 from cropi.errors import InvalidInputError
 from cropi.tasks.base import Task
-from cropi.tasks.sampling import TaskSizeError, draw_split  # noqa: F401 (TaskSizeError re-exported)
+from cropi.tasks.sampling import TaskSizeError, draw_split, question_record  # noqa: F401 (TaskSizeError re-exported)
 
 SKILLS = ("count", "maxd", "mind", "pos", "mod", "lastmul")
 LEVELS = (1, 2, 3)
@@ -92,9 +92,7 @@ GENERATORS: dict[str, Callable[[random.Random, int], tuple[str, int]]] = {
 
 def make_record(skill: str, level: int, question: str, answer: int) -> PromptRecord:
     """The prompt record of one problem: a chat prompt, the integer answer, skill and level."""
-    prompt = [{"role": "user", "content": question}]
-    return PromptRecord(prompt_id=stable_prompt_id(prompt, str(answer)), prompt=prompt, answer=str(answer),
-                        data_source=SOURCE_PREFIX + skill, extra_info={"skill": skill, "level": level})
+    return question_record(SOURCE_PREFIX, skill, level, question, answer)
 
 
 def response_text(record: PromptRecord) -> str:
