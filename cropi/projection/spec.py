@@ -139,11 +139,15 @@ class ProjectionSpec(BaseModel):
             raise ValueError(f"nnz must be in [1, dim={self.dim}] for kind='sjlt' (and >= 1 otherwise), got {self.nnz!r}")
         return self
 
+    def recorded(self) -> dict:
+        """The spec as ids and resume keys record it: the factor fields only when set, so every spec
+        recorded before the factored kind existed keeps its identity."""
+        return {k: v for k, v in self.model_dump(mode="json").items() if not (k in FACTOR_FIELDS and v is None)}
+
     @property
     def spec_id(self) -> str:
-        """First 16 hex digits of sha256 over the canonical (sorted-key) JSON (factor fields only when set)."""
-        fields = {k: v for k, v in self.model_dump(mode="json").items() if not (k in FACTOR_FIELDS and v is None)}
-        canon = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+        """First 16 hex digits of sha256 over the canonical (sorted-key) JSON of ``recorded()``."""
+        canon = json.dumps(self.recorded(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
     @classmethod

@@ -115,6 +115,7 @@ class CurriculumConfig(BaseModel):
         """
         doc = self.model_dump(mode="json", exclude={"stages"})
         doc["loss"] = self.loss.recorded()  # CROPI's estimator as before the choice existed
+        doc["projection"] = self.projection.recorded()  # no factor fields unless the kind is factored
         if doc["validation_groups"] == "none":
             doc.pop("validation_groups")  # added later: curricula started before it keep their key
         collect = doc["collect"]
