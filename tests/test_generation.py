@@ -380,6 +380,7 @@ def test_vllm_teacher_forcing_defaults_to_the_engine_dtype(engine):
 def test_vllm_teacher_forced_logprobs_are_the_gradient_forward_pass(engine, prompts, reference, monkeypatch):
     from cropi.gradients import GradientComputer
     from cropi.gradients.batching import build_micro_batch
+    from cropi.gradients.groups import token_logprobs
     from cropi.projection import ProjectionSpec, make_projector
 
     ids, keys = prompts
@@ -397,7 +398,7 @@ def test_vllm_teacher_forced_logprobs_are_the_gradient_forward_pass(engine, prom
         mb = build_micro_batch(list(prompt), responses, [s.logprobs for s in samples], list(range(len(samples))),
                                0)
         with torch.no_grad():
-            logp = computer._token_logprobs(mb)
+            logp = token_logprobs(computer.model, mb, computer.device)
         mask = mb.response_mask.bool()
         assert float((logp[mask] - mb.behavior_logp[mask]).abs().max()) < 1e-5
 
@@ -450,6 +451,6 @@ def test_vllm_bfloat16_engine_stores_the_gradient_pass_logprobs(model_path, prom
         mb = build_micro_batch(list(prompt), [s.token_ids for s in samples], [s.logprobs for s in samples],
                                list(range(len(samples))), computer.pad_id)
         with torch.no_grad():
-            logp = computer._token_logprobs(mb)
+            logp = token_logprobs(computer.model, mb, computer.device)
         mask = mb.response_mask.bool().to(logp.device)
         assert float((logp[mask] - mb.behavior_logp.to(logp.device)[mask]).abs().max()) < 1e-5

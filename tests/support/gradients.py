@@ -1,16 +1,16 @@
-"""A prompt's trajectories as the gradient computer takes them (a stand-in with the fields it reads)."""
+"""A prompt's trajectories as the gradient computer takes them (a stand-in with the fields it reads), a tiny
+model, and the independently written brute-force POPI gradient the gradient tests compare against."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from cropi.gradients import GradientComputer, LossOptions
 from cropi.projection import make_projector
-
-
 VOCAB = 97
 
 
