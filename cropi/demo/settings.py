@@ -67,13 +67,8 @@ class DemoSettings(BaseModel):
         """Split sizes not given explicitly are capped at the task's own (a small task of a user's)."""
         if not isinstance(data, dict):
             return data
-        capped = dict(data.pop("_cap", {}))
-        for name, most in _largest(load_task(data.get("task", DEFAULT_TASK))).items():
-            if name not in data:
-                data[name] = min(cls.model_fields[name].default, most)
-            elif name in capped:
-                data[name] = min(data[name], most)
-        return data
+        largest = _largest(load_task(data.get("task", DEFAULT_TASK)))
+        return {name: min(cls.model_fields[name].default, most) for name, most in largest.items()} | data
 
     @model_validator(mode="after")
     def _known_methods(self) -> "DemoSettings":
@@ -102,10 +97,11 @@ class DemoSettings(BaseModel):
     @classmethod
     def quick(cls, **overrides: Any) -> "DemoSettings":
         """Every method, a smaller pool, fewer steps and seeds: under 3 minutes on 2 cores."""
-        small = dict(seeds=2, pool_size=360, val_size=24, test_size=60, stages=2, steps_per_stage=15,
-                     validation_samples=8, projection_dim=512, eval_every=5, eval_samples=4,
-                     select_fraction=0.25, batch_prompts=8)
-        return cls(**(small | overrides), _cap={k: True for k in small if k.endswith("_size") and k not in overrides})
+        largest = _largest(load_task(overrides.get("task", DEFAULT_TASK)))
+        small = dict(seeds=2, pool_size=min(360, largest["pool_size"]), val_size=min(24, largest["val_size"]),
+                     test_size=min(60, largest["test_size"]), stages=2, steps_per_stage=15, validation_samples=8,
+                     projection_dim=512, eval_every=5, eval_samples=4, select_fraction=0.25, batch_prompts=8)
+        return cls(**(small | overrides))
 
     @classmethod
     def make(cls, *, quick: bool = False, **overrides: Any) -> "DemoSettings":
