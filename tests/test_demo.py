@@ -392,8 +392,10 @@ def test_a_task_defined_outside_the_package_runs_the_quick_demo(tmp_path, monkey
     (tmp_path / "my_task.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "demo"
+    threads = torch.get_num_threads()
     assert main(["demo", "--quick", "--task", "my_task:TASK", "--seeds", "1", "--methods", "cropi,full",
                  "--workers", "1", "--out", str(out)]) == 0
+    assert torch.get_num_threads() == threads  # the in-process run gives the caller its thread count back
     report = json.loads((out / "report.json").read_text())
     assert report["task"]["name"] == "my_task" and report["task"]["targets"] == {"next": ["val_next", "test_next"]}
     assert json.loads((out / "models" / "theta0" / "warmstart.json").read_text())["task"] == "my_task"

@@ -170,7 +170,6 @@ def _wait(futures: list) -> None:
 
 def _executor(workers: int):
     if workers <= 1:
-        init_worker()
         return _InlineExecutor()
     return cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                   initializer=init_worker)
@@ -188,10 +187,17 @@ class _InlineExecutor:
         return future
 
     def __enter__(self) -> "_InlineExecutor":
+        import torch
+
+        # the worker settings (one torch thread) hold for the run only: the caller's process gets its own back
+        self._threads = torch.get_num_threads()
+        init_worker()
         return self
 
     def __exit__(self, *exc) -> None:
-        return None
+        import torch
+
+        torch.set_num_threads(self._threads)
 
 
 class _Clock:
