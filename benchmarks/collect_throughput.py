@@ -107,7 +107,9 @@ def main(argv=None) -> dict:
     ids = [render_prompt(tok, q) for q in questions(args.prompts)]
     keys = [f"bench-{i}" for i in range(len(ids))]
     cfg = SamplingConfig(samples=args.samples, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
-    report = {"model": str(model), "sampling": cfg.model_dump(), "prompts": len(ids),
+    # the model's folder name, not this machine's path; a built model is named by its size
+    report = {"model": Path(args.model).name if args.model else f"tiny model ({args.size}) built by the benchmark",
+              "sampling": cfg.model_dump(), "prompts": len(ids),
               "mean_prompt_tokens": sum(map(len, ids)) / len(ids),
               "machine": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                           "platform": platform.platform(), "torch": torch.__version__,

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     for variant in a.variants.split(","):
         results[variant] = _run(demo, variant, a.seed)
         print(variant, json.dumps(results[variant].get("target_sampled") or results[variant]), flush=True)
-    doc = {"benchmark": "cropi_variants", "demo": str(demo), "seed": a.seed, "settings": report["settings"],
+    doc = {"benchmark": "cropi_variants", "demo": demo.name,  # the demo run's folder name (not this machine's path) "seed": a.seed, "settings": report["settings"],
            "results": results}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from cmdline import command_line  # noqa: E402 (benchmarks/ is the script's folder)
 from cropi.projection import ProjectionSpec  # noqa: E402
 from cropi.store import CheckpointRef, GradientStore  # noqa: E402
 from cropi_service.jobs.table import JobStore  # noqa: E402
@@ -461,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_report(report: dict, path: Path, script: str, argv) -> int:
     """Record the command line in the report, write it as JSON to ``path`` and print it."""
-    report["command"] = f"python {script} " + " ".join(argv if argv is not None else sys.argv[1:])
+    report["command"] = command_line(script, argv)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

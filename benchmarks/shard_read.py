@@ -24,7 +24,6 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from cmdline import command_line  # noqa: E402 (benchmarks/ is the script's folder)
 from cropi.store import CheckpointRef, GradientStore
 from cropi.store.shard_io import load_shard, shard_path
 from cropi.utils.fsio import sha256_file
@@ -93,7 +93,7 @@ def main(argv=None) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {
         "benchmark": "shard_read",
-        "command": "python benchmarks/shard_read.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command_line("benchmarks/shard_read.py", argv),
         "prompts": args.prompts, "dim": args.dim, "dtype": "float16", "rows_per_shard": args.rows_per_shard,
         "store_bytes": nbytes, "repeats": args.repeats,
         "seconds": times, "median_s": med,

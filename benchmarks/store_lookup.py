@@ -33,6 +33,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from cmdline import command_line  # noqa: E402 (benchmarks/ is the script's folder)
 from cropi.store import GradientStore, PartCache, SplitReader  # noqa: E402
 from cropi.store import shard_io  # noqa: E402
 
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     split = store.open_split(a.name, spec_id, a.split)
     commits = split.dataset.commits()
     split_bytes = sum(e["bytes"] for es in commits.values() for e in es)
-    report: dict = {"store": str(a.store), "checkpoint": a.name, "split": a.split, "dim": split.dim,
+    store_name = "/".join(Path(a.store).parts[-2:])  # the cached store's own folder, not this machine's path
+    report: dict = {"store": store_name, "checkpoint": a.name, "split": a.split, "dim": split.dim,
                     "dtype": split.dtype, "split_bytes": split_bytes,
                     "shards": sum(len(es) for es in commits.values()), "cpus": os.cpu_count(),
                     "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         checked += 1
     report["checked_against_full_shard_reads"] = checked
     report["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    report["command"] = "python benchmarks/store_lookup.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    report["command"] = command_line("benchmarks/store_lookup.py", argv)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
