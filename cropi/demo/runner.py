@@ -38,7 +38,7 @@ from cropi.projection import ProjectionSpec
 from cropi.tasks.base import Task
 
 # CROPI first: its runs are the longest (gradients at every stage), so they start first.
-ORDER = ("cropi", "cropi_by_answer", "cropi_theta", "cropi+iif", "pass_rate", "informative", "oracle", "ippo", "iif",
+ORDER = ("cropi", *VARIANTS, "cropi+iif", "pass_rate", "informative", "oracle", "ippo", "iif",
          "random_filter", "full", "random")
 
 

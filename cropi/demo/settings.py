@@ -18,7 +18,11 @@ from cropi.tasks.base import DEFAULT_TASK, POOL, Task, load_task
 METHODS = ("cropi", "full", "random", "pass_rate", "informative", "oracle")
 # CROPI with one scoring option changed (opt-in with ``methods``): demo method -> curriculum config fields.
 VARIANTS: dict[str, dict[str, Any]] = {"cropi_by_answer": {"validation_groups": "answer"},
-                                       "cropi_theta": {"loss": {"advantage": "theta"}}}
+                                       "cropi_theta": {"loss": {"advantage": "theta"}},
+                                       # issue 18's refresh at the setting benchmarks/offpolicy.py measured
+                                       "cropi_theta_refresh": {"loss": {"advantage": "theta"},
+                                                               "refresh": {"criterion": "status", "above": 0.5,
+                                                                           "budget": 0.2}}}
 # Online influence filters inside the trainer (docs/online_filtering.md), opt-in with ``methods``
 # (outside the default list and its 15-minute budget): demo method -> (the stage's selection, filter policy).
 ONLINE_METHODS = {"ippo": ("full", "ippo"), "iif": ("full", "iif"), "random_filter": ("full", "random"),

@@ -104,15 +104,21 @@ def find_spec_id(store: str, name: str, spec_id: str | None, split: str) -> str:
 
 def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str = "rrf",
          top_fraction: float | None = None, spec_id: str | None = None, max_validation: int = 100,
-         seed: int = 0, groups: dict | None = None, labels: dict | None = None) -> RankingResult:
+         seed: int = 0, groups: dict | None = None, labels: dict | None = None,
+         replace: str | None = None) -> RankingResult:
     """Rank and persist. ``groups`` (set -> prompt_id -> label) splits validation sets by label
     (``rank_pool``); ``labels`` (pool prompt_id -> (data_source, answer)) adds the selection's
-    diagnostics to the ranking's meta under ``selection``."""
+    diagnostics to the ranking's meta under ``selection``. ``replace`` names a split of the same
+    checkpoint whose rows stand in for the pool's rows of its prompts (a refresh's recomputed
+    gradients, ``cropi.pipeline.score``); that ranking is stored under ``replace``'s name, so the
+    pool's own ranking stays as it was."""
     if not validation:
         raise InvalidInputError("name at least one validation split")
     spec_id = find_spec_id(store, name, spec_id, pool)
     gs = GradientStore(store)
     pool_t = gs.open_split(name, spec_id, pool).read()
+    if replace is not None:
+        pool_t = pool_t.replace_rows(gs.open_split(name, spec_id, replace).read())
     val = {}
     for v in validation:
         t = gs.open_split(name, spec_id, v).read()
@@ -127,11 +133,13 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
     meta = ranking.meta | {"checkpoint": name, "spec_id": spec_id, "pool": pool, "validation": validation,
                            "top_fraction": top_fraction, "excluded": ranking.excluded,
                            "checkpoint_fingerprint": pool_t.checkpoint.fingerprint, "created": time.time()}
+    if replace is not None:
+        meta["replaced_by"] = replace
     if groups:
         meta["validation_groups"] = sorted(ranking.scores)
     if labels is not None and top_fraction:
         meta["selection"] = selection_mix(chosen, labels)
-    _save(store, name, spec_id, pool, table, meta)
+    _save(store, name, spec_id, replace or pool, table, meta)
     ess = {c: dict(zip(pool_t.prompt_ids, pool_t.columns[c].tolist()))
            for c in GRADIENT_OPTIONAL_COLUMNS if c in pool_t.columns} or None
     return RankingResult(ranking, table, meta, ess)

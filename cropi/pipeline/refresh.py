@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field
 
 from cropi.contracts import NAME_PATTERN, POOL, Backend
 from cropi.data import load_prompts, write_jsonl
@@ -46,6 +46,7 @@ from cropi.gradients.popi import mixed_probability
 from cropi.pipeline.collect import CollectJob, collect
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.rank import find_spec_id
+from cropi.pipeline.requests import RefreshOptions
 from cropi.store import GradientStore
 from cropi.utils.fsio import read_json, resolve, write_json_atomic
 
@@ -53,10 +54,8 @@ from cropi.utils.fsio import read_json, resolve, write_json_atomic
 _COLLECT = CollectJob.model_fields  # the re-collection's options: the collect job's own fields and defaults
 
 
-class RefreshJob(BaseModel):
+class RefreshJob(RefreshOptions):
     """Which split's gradients decide, where the checkpoint is, and how to re-collect (``cropi refresh``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1, description="the current checkpoint: trajectories are sampled from it")
     prompts: str = Field(min_length=1, description="the split's prompt file (records of the prompts to refresh "
@@ -67,24 +66,11 @@ class RefreshJob(BaseModel):
     spec_id: Optional[str] = Field(None, description="projection spec id, when the checkpoint has several")
     split: str = Field(POOL, pattern=NAME_PATTERN, description="the split to refresh")
     out: str = Field(min_length=1, description="output folder: plan.json, prompts.jsonl, trajectories/")
-    criterion: Literal["ess", "status"] = Field("ess", description="'ess': ESS/K below --below; 'status': the "
-                                                "probability that a fresh group's status differs above --above")
-    below: Optional[float] = Field(None, gt=0, le=1, description="criterion 'ess' (needs it): refresh prompts "
-                                   "whose ESS/K is below this")
-    above: float = Field(0.5, ge=0, lt=1, description="criterion 'status': refresh prompts whose status-change "
-                         "probability is above this")
-    budget: float = Field(gt=0, le=1, description="at most this fraction of the split's prompts")
     sampling: SamplingConfig = _COLLECT["sampling"]
     backend: Backend = _COLLECT["backend"]
     reward: str = _COLLECT["reward"]
     batch_prompts: Optional[int] = _COLLECT["batch_prompts"]
     engine: EngineOptions = _COLLECT["engine"]
-
-    @model_validator(mode="after")
-    def _threshold(self) -> "RefreshJob":
-        if self.criterion == "ess" and self.below is None:
-            raise ValueError("criterion 'ess' needs --below (the ESS/K threshold, in (0, 1])")
-        return self
 
 
 def status_change_probability(reward_mean, reward_std, n_responses, p_theta, log_mean_weight) -> np.ndarray:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cropi.contracts import NAME_HELP, NAME_PATTERN, POOL, Fusion, VectorDtype, is_name
 from cropi.generation.options import CollectOptions
@@ -25,6 +25,27 @@ def validation_names(sets: dict[str, str]) -> dict[str, str]:
         if name == POOL or not is_name(name):
             raise ValueError(f"validation set name {name!r} must be {NAME_HELP} and not {POOL!r}")
     return sets
+
+
+class RefreshOptions(BaseModel):
+    """Which prompts a refresh re-collects: its criterion, threshold and budget (``cropi refresh``,
+    and the curriculum's ``refresh`` at every stage after the first)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    criterion: Literal["ess", "status"] = Field("ess", description="'ess': ESS/K below --below; 'status': the "
+                                                "probability that a fresh group's status differs above --above")
+    below: Optional[float] = Field(None, gt=0, le=1, description="criterion 'ess' (needs it): refresh prompts "
+                                   "whose ESS/K is below this")
+    above: float = Field(0.5, ge=0, lt=1, description="criterion 'status': refresh prompts whose status-change "
+                         "probability is above this")
+    budget: float = Field(gt=0, le=1, description="at most this fraction of the split's prompts")
+
+    @model_validator(mode="after")
+    def _threshold(self) -> "RefreshOptions":
+        if self.criterion == "ess" and self.below is None:
+            raise ValueError("criterion 'ess' needs --below (the ESS/K threshold, in (0, 1])")
+        return self
 
 
 class ScoreRequest(BaseModel):
@@ -78,6 +99,8 @@ class ScoreResult(BaseModel):
     ranked: int
     selected: list[str] = Field(description="the selected pool prompts, best first")
     ranking: str = Field(description="the stored ranking file (its 'selected' column is ``selected``)")
+    refreshed: Optional[list[str]] = Field(None, description="the pool prompts re-collected at the model and "
+                                           "ranked from their fresh gradients (a refresh; None: none asked)")
     diagnostics: dict = Field(default_factory=dict, description="the selection's data-source and answer-label mix "
                                                                 "against the pool, with warnings")
 

@@ -33,32 +33,71 @@ from cropi.pipeline.collect import CollectJob, collect
 from cropi.pipeline.compute_gradients import GradientJob, compute_gradients
 from cropi.pipeline.progress import Progress, report
 from cropi.pipeline.rank import RankingResult, pool_labels, rank, ranking_path
-from cropi.pipeline.requests import ScoreRequest, ScoreResult, store_path
+from cropi.pipeline.refresh import RefreshJob
+from cropi.pipeline.refresh import refresh as run_refresh
+from cropi.pipeline.requests import RefreshOptions, ScoreRequest, ScoreResult, store_path
 from cropi.store import TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.hashing import short_hash
 
 
-def score_checkpoint(request: ScoreRequest, *, root: str | Path, progress: Progress | None = None) -> ScoreResult:
-    """Score ``request.model`` under ``root`` (store at ``root/store``): collect, gradients, rank, select."""
+def score_checkpoint(request: ScoreRequest, *, root: str | Path, progress: Progress | None = None,
+                     refresh: RefreshOptions | None = None) -> ScoreResult:
+    """Score ``request.model`` under ``root`` (store at ``root/store``): collect, gradients, rank, select.
+
+    ``refresh``: when the trajectories come from another checkpoint (``behavior``), the pool
+    prompts its criterion picks from the pool's stored diagnostics are re-collected at the
+    model (``cropi.pipeline.refresh``, under ``<root>/refresh/<name>-<hash of the options>``),
+    their gradients computed from the fresh trajectories into the split ``refresh-<hash>``, and
+    the pool ranked with those rows in place of the reused ones (the pool's own ranking is kept).
+    """
     if not request.validation:
         raise InvalidInputError("name at least one validation set: the pool is ranked by its influence on them")
     progress = report(progress)
-    store = store_path(root)
     trajectories = ensure_trajectories(request, root, progress)
     jobs = gradient_jobs(request, root, trajectories)
     computed = {job.split: compute_gradients(job, progress)["computed"] for job in jobs}
-    name = jobs[0].checkpoint_name
-    groups = ({split: {r.prompt_id: r.answer for r in load_prompts(path)} for split, path in request.validation.items()}
-              if request.validation_groups == "answer" else None)
-    result = rank(store, name, POOL, list(request.validation), fusion=request.fusion,
-                  top_fraction=request.select_fraction, spec_id=request.projection.spec_id,
-                  max_validation=request.max_validation, seed=request.seed, groups=groups,
-                  labels=pool_labels(load_prompts(request.pool)))
-    _, path = ranking_path(store, name, request.projection.spec_id, POOL)
+    name, replace, refreshed = jobs[0].checkpoint_name, None, None
+    result = _rank(request, root, name)
+    if refresh is not None and request.behavior and request.behavior != request.model:
+        replace, refreshed = _refresh(request, root, name, refresh, progress)
+        if replace is not None:
+            result = _rank(request, root, name, replace)
+    _, path = ranking_path(store_path(root), name, request.projection.spec_id, replace or POOL)
     return ScoreResult(name=name, spec_id=request.projection.spec_id, trajectories=trajectories, computed=computed,
                        excluded=result.excluded, ranked=int((result.ranking.rank > 0).sum()),
-                       selected=selected_ids(result), ranking=path, diagnostics=result.meta.get("selection", {}))
+                       selected=selected_ids(result), ranking=path, diagnostics=result.meta.get("selection", {}),
+                       refreshed=refreshed)
+
+
+def _rank(request: ScoreRequest, root: str | Path, name: str, replace: str | None = None) -> RankingResult:
+    groups = ({split: {r.prompt_id: r.answer for r in load_prompts(path)} for split, path in request.validation.items()}
+              if request.validation_groups == "answer" else None)
+    return rank(store_path(root), name, POOL, list(request.validation), fusion=request.fusion,
+                top_fraction=request.select_fraction, spec_id=request.projection.spec_id,
+                max_validation=request.max_validation, seed=request.seed, groups=groups,
+                labels=pool_labels(load_prompts(request.pool)), replace=replace)
+
+
+def _refresh(request: ScoreRequest, root: str | Path, name: str, options: RefreshOptions,
+             progress: Progress) -> tuple[str | None, list[str]]:
+    """Re-collect the prompts ``options`` picks at the model and compute their gradients; returns the
+    split holding them (None when none was picked) and the refreshed prompt ids."""
+    key = short_hash(options.model_dump(mode="json"))[:8]
+    out = Path(root).resolve() / "refresh" / f"{name}-{key}"
+    opts = request.collect
+    job = RefreshJob(**options.model_dump(), model=request.model, prompts=request.pool, gradients=store_path(root),
+                     checkpoint=name, spec_id=request.projection.spec_id, split=POOL, out=str(out),
+                     sampling=opts.sampling(opts.pool_samples), backend=opts.backend, reward=opts.reward,
+                     batch_prompts=opts.batch_prompts, engine=opts.engine)
+    chosen = run_refresh(job, progress)["plan"]["selected"]
+    if not chosen:
+        return None, []
+    split = f"refresh-{key}"
+    compute_gradients(GradientJob(model=request.model, trajectories=str(out / "trajectories"), store=store_path(root),
+                                  split=split, name=name, projection=request.projection, loss=request.loss,
+                                  gradient_dtype=request.gradient_dtype, device=request.device), progress)
+    return split, chosen
 
 
 def selected_ids(result: RankingResult) -> list[str]:

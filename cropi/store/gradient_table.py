@@ -104,6 +104,26 @@ class GradientTable:
         return GradientTable(wanted, self.vectors[rows], {c: v[rows] for c, v in self.columns.items()},
                              self.checkpoint, self.spec, self.split)
 
+    def replace_rows(self, other: "GradientTable") -> "GradientTable":
+        """This split with the rows of ``other``'s prompts taken from ``other`` (a refresh's
+        recomputed prompts), in this split's order; columns either lacks are dropped.
+        MismatchError unless the two are comparable and ``other``'s prompts are all here."""
+        self.ensure_comparable(other)
+        positions = self._position_map()
+        foreign = [p for p in other.prompt_ids if p not in positions]
+        if foreign:
+            raise MismatchError(f"{len(foreign)} prompts of split {other.split!r} are not in split {self.split!r} "
+                                f"(e.g. {foreign[:3]}): only prompts of the split can replace its rows")
+        rows = np.array([positions[p] for p in other.prompt_ids], dtype=np.int64)
+        vectors = self.vectors.copy()
+        vectors[rows] = other.vectors
+        columns = {}
+        for c in self.columns.keys() & other.columns.keys():
+            col = self.columns[c].copy()
+            col[rows] = other.columns[c]
+            columns[c] = col
+        return GradientTable(list(self.prompt_ids), vectors, columns, self.checkpoint, self.spec, self.split)
+
     def _position_map(self) -> dict[str, int]:
         if self._positions is None:
             self._positions = {p: i for i, p in enumerate(self.prompt_ids)}

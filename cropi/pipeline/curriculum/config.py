@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Optional, get_args
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -12,7 +12,7 @@ from cropi.contracts import NAME_HELP, Fusion, VectorDtype, is_name
 from cropi.errors import InvalidInputError
 from cropi.generation import CollectOptions
 from cropi.gradients import LossOptions
-from cropi.pipeline.requests import ScoreRequest, validation_names
+from cropi.pipeline.requests import RefreshOptions, ScoreRequest, validation_names
 from cropi.projection import ProjectionSpec
 from cropi.utils.hashing import short_hash
 
@@ -50,6 +50,9 @@ class CurriculumConfig(BaseModel):
     reward: str = CollectOptions.model_fields["reward"]
     collect: CollectOptions = CollectOptions()
     recollect_each_stage: bool = False
+    refresh: Optional[RefreshOptions] = Field(
+        None, description="CROPI, at every stage after the first: re-collect the pool prompts this picks at "
+                          "theta_m and rank them from their fresh gradients (cropi.pipeline.refresh)")
     projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
     loss: LossOptions = LossOptions()
     fusion: Fusion = _REQUEST["fusion"]
@@ -73,6 +76,9 @@ class CurriculumConfig(BaseModel):
         if self.method == "cropi" and not self.validation:
             raise ValueError("method 'cropi' ranks the pool against validation sets: give at least one "
                              "under 'validation' (split name -> prompt file)")
+        if self.refresh is not None and (self.method != "cropi" or self.recollect_each_stage):
+            raise ValueError("'refresh' re-collects part of the pool that CROPI reuses from the initial model: it "
+                             "needs method 'cropi' and recollect_each_stage false (which re-collects all of it)")
         if self.collect.reward != self.reward:  # one reward: collection follows the curriculum's
             object.__setattr__(self, "collect", self.collect.model_copy(update={"reward": self.reward}))
         return self
@@ -116,6 +122,8 @@ class CurriculumConfig(BaseModel):
         doc = self.model_dump(mode="json", exclude={"stages"})
         doc["loss"] = self.loss.recorded()  # CROPI's estimator as before the choice existed
         doc["projection"] = self.projection.recorded()  # no factor fields unless the kind is factored
+        if doc["refresh"] is None:
+            doc.pop("refresh")  # added later, as validation_groups
         if doc["validation_groups"] == "none":
             doc.pop("validation_groups")  # added later: curricula started before it keep their key
         collect = doc["collect"]

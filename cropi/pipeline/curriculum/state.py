@@ -93,7 +93,8 @@ def summary(doc: dict, stages: int | None = None) -> dict:
                      "n_prompts": selected.get("n_prompts"), "checkpoint": trained.get("checkpoint"),
                      "steps_done": trained.get("steps_done"), "global_step": trained.get("global_step"),
                      "metrics": trained.get("metrics", {}), "metrics_path": trained.get("metrics_path"),
-                     "score_s": s.get("scored", {}).get("seconds"), "selection": selected.get("diagnostics")})
+                     "score_s": s.get("scored", {}).get("seconds"), "selection": selected.get("diagnostics"),
+                     "refreshed": s.get("scored", {}).get("refreshed")})
     done = [r for r in rows if r["checkpoint"]]
     return {"name": doc["name"], "method": doc["config"]["method"], "finished": bool(doc.get("finished")),
             "stages": rows, "final_checkpoint": done[-1]["checkpoint"] if done else None}

@@ -2,7 +2,8 @@
 
 1. score:  CROPI: the score step (``cropi.pipeline.score``) at ``theta_m`` over the
            behavior policy's trajectories: gradients of the pool and the validation
-           sets, the fused ranking and its selection, stored once in the store.
+           sets, the fused ranking and its selection, stored once in the store (with
+           ``refresh``, part of the pool re-collected at ``theta_m`` first).
            ``pass_rate``: ``p (1 - p)`` per pool prompt from the trajectories; ``informative``:
            a random fraction of the prompts whose offline rewards are mixed.
            ``random`` / ``full``: nothing to score.
@@ -62,9 +63,12 @@ def score(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, 
                                                   stage=m)
         return StageScore({"model": model, "behavior": behavior, "ranking": str(out),
                            "trajectories": trajectories}, chosen)
-    result = score_checkpoint(request, root=paths.root, progress=progress)
-    return StageScore({"model": model, "behavior": behavior, "ranking": result.ranking, "checkpoint": result.name,
-                       "spec_id": result.spec_id, "trajectories": result.trajectories}, result.selected)
+    result = score_checkpoint(request, root=paths.root, progress=progress, refresh=config.refresh)
+    record = {"model": model, "behavior": behavior, "ranking": result.ranking, "checkpoint": result.name,
+              "spec_id": result.spec_id, "trajectories": result.trajectories}
+    if result.refreshed is not None:
+        record["refreshed"] = len(result.refreshed)
+    return StageScore(record, result.selected)
 
 
 def select(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool: dict[str, PromptRecord],
