@@ -26,7 +26,8 @@ drift alone (benchmarks/fidelity.py measures projection). Top-10% overlap is ove
 whole pool (prompts with zero advantage are never ranked), Spearman over prompts
 informative in both rankings.
 
-    python benchmarks/offpolicy.py [--quick] --out DIR   ->  DIR/offpolicy.json, DIR/offpolicy.png
+    python benchmarks/offpolicy.py [--quick] [--seed S] --out DIR   ->  DIR/offpolicy.json, DIR/offpolicy.png
+                                                                   (seed S > 0: DIR/offpolicy_seedS.*)
 """
 
 from __future__ import annotations
@@ -116,13 +117,13 @@ def exact_computer(model, cls=GradientComputer, **loss) -> GradientComputer:
     return cls(model, projector, LossOptions(**loss))
 
 
-def train_to(steps: int, start: Path, done: int, work: Path, subset: str) -> Path:
+def train_to(steps: int, start: Path, done: int, work: Path, subset: str, seed: int = 0) -> Path:
     """Continue the GRPO run from ``start`` (at ``done`` steps) to ``steps`` steps; the new checkpoint."""
     if steps == done:
         return start
     trainer = make_trainer("lean", eval_files={})
     result = trainer.train_stage(model=str(start), subset=subset, out_dir=str(work / f"step{steps}"),
-                                 steps=steps - done, seed=0, stage=0, reward="exact_numeric")
+                                 steps=steps - done, seed=seed, stage=0, reward="exact_numeric")
     return Path(result.checkpoint)
 
 
@@ -183,7 +184,10 @@ def pass_rate_error(pool, records: dict, ref_records: dict) -> dict:
 pool_records_by_id: dict = {}
 
 
-def run(quick: bool, out: Path, workdir: Path) -> dict:
+def run(quick: bool, out: Path, workdir: Path, seed: int = 0) -> dict:
+    """``seed`` 0 is the committed run; seed s draws every sample, control and the GRPO run afresh
+    (each seed below offset by 1000 s)."""
+    S = lambda x: x + 1000 * seed  # noqa: E731
     torch.set_num_threads(1)  # on a shared 2-core machine one thread is several times faster than two
     cfg = QUICK if quick else FULL
     t0 = time.perf_counter()
@@ -195,34 +199,34 @@ def run(quick: bool, out: Path, workdir: Path) -> dict:
     val_records = splits["val_count"][:cfg["val"]] + splits["val_maxd"][:cfg["val"]]
     subset = str(workdir / "pool.jsonl")
     write_jsonl(pool_records, subset)
-    pool = collect_trajectories(str(theta0), pool_records, samples=K_OFFLINE, temperature=TEMPERATURE, seed=1)
-    val = collect_trajectories(str(theta0), val_records, samples=K_VAL, temperature=TEMPERATURE, seed=2)
+    pool = collect_trajectories(str(theta0), pool_records, samples=K_OFFLINE, temperature=TEMPERATURE, seed=S(1))
+    val = collect_trajectories(str(theta0), val_records, samples=K_VAL, temperature=TEMPERATURE, seed=S(2))
     n_budget = int(math.floor(REFRESH_BUDGET * len(pool)))
-    rng = np.random.default_rng(0)
-    rng_status = np.random.default_rng(1)  # its own stream: the ESS control's draws stay as they were
+    rng = np.random.default_rng(S(0))
+    rng_status = np.random.default_rng(S(1))  # its own stream: the ESS control's draws stay as they were
 
     rows, path, done = [], theta0, 0
     for steps in cfg["steps"]:
-        path, done = train_to(steps, path, done, workdir, subset), steps
+        path, done = train_to(steps, path, done, workdir, subset, seed), steps
         model = load_causal_lm(str(path), device="cpu")
         popi, records, v_popi = scores(exact_computer(model), pool, val)
         ess = {p: r.ess_fraction for p, r in records.items()}
-        ref_pool = collect_trajectories(str(path), pool_records, samples=K_REF, temperature=TEMPERATURE, seed=100 + steps)
-        ref_val = collect_trajectories(str(path), val_records, samples=K_REF, temperature=TEMPERATURE, seed=200 + steps)
+        ref_pool = collect_trajectories(str(path), pool_records, samples=K_REF, temperature=TEMPERATURE, seed=S(100 + steps))
+        ref_val = collect_trajectories(str(path), val_records, samples=K_REF, temperature=TEMPERATURE, seed=S(200 + steps))
         ref, ref_records, _ = scores(exact_computer(model), ref_pool, ref_val)
         fractions = np.array([ess[t.prompt_id] if ess[t.prompt_id] is not None else np.inf for t in pool])
         low = [int(i) for i in np.argsort(fractions, kind="stable") if fractions[i] < REFRESH_BELOW][:n_budget]
-        refreshed = refresh(path, model, pool, popi, v_popi, low, seed=300 + steps)
+        refreshed = refresh(path, model, pool, popi, v_popi, low, seed=S(300 + steps))
         control_idx = sorted(rng.choice(len(pool), size=len(low), replace=False).tolist()) if low else []
-        control = refresh(path, model, pool, popi, v_popi, control_idx, seed=400 + steps)
+        control = refresh(path, model, pool, popi, v_popi, control_idx, seed=S(400 + steps))
         clip, _, _ = scores(exact_computer(model, clip_eps=PPO_CLIP), pool, val)
         tis, _, _ = scores(exact_computer(model, TruncatedISComputer), pool, val)
         theta_computer = exact_computer(model, advantage="theta")
         theta, _, v_theta = scores(theta_computer, pool, val)
         chosen, change = status_choice(pool, records)
-        fresh = recollect(path, pool, chosen, seed=300 + steps) if chosen else None
+        fresh = recollect(path, pool, chosen, seed=S(300 + steps)) if chosen else None
         rand_idx = sorted(rng_status.choice(len(pool), size=len(chosen), replace=False).tolist()) if chosen else []
-        rand_fresh = recollect(path, pool, rand_idx, seed=400 + steps) if chosen else None
+        rand_fresh = recollect(path, pool, rand_idx, seed=S(400 + steps)) if chosen else None
         status = {"above": STATUS_ABOVE, "refreshed_prompts": len(chosen), "refresh_fraction": len(chosen) / len(pool),
                   "above_threshold": int(np.nansum(change > STATUS_ABOVE)),
                   "popi": refresh_row(refresh(path, model, pool, popi, v_popi, chosen, 0, fresh=fresh),
@@ -263,7 +267,7 @@ def run(quick: bool, out: Path, workdir: Path) -> dict:
               f"{row['seconds']:.0f}s", flush=True)
 
     far = rows[-1]
-    report = {"quick": quick, "model": "demo shipped warm-start (cropi.demo.assets.shipped_model)",
+    report = {"quick": quick, "seed": seed, "model": "demo shipped warm-start (cropi.demo.assets.shipped_model)",
               "model_parameters": sum(p.numel() for p in load_causal_lm(str(theta0)).parameters()),
               "pool_prompts": len(pool), "validation_prompts": len(val), "k_offline": K_OFFLINE,
               "k_validation_offline": K_VAL, "k_reference": K_REF, "temperature": TEMPERATURE,
@@ -272,8 +276,9 @@ def run(quick: bool, out: Path, workdir: Path) -> dict:
               "status_above": STATUS_ABOVE,
               "goal": goal(far),
               "seconds": time.perf_counter() - t0, "environment": environment()}
-    write_json(out, "offpolicy.json", report)
-    plot(report, out / "offpolicy.png")
+    name = "offpolicy" if seed == 0 else f"offpolicy_seed{seed}"
+    write_json(out, f"{name}.json", report)
+    plot(report, out / f"{name}.png")
     return report
 
 
@@ -339,12 +344,14 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="fewer prompts and checkpoints")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--workdir", type=Path, default=None, help="checkpoints and subsets (default: OUT/work)")
+    ap.add_argument("--seed", type=int, default=0, help="0: the committed run (offpolicy.json); s > 0 draws "
+                    "everything afresh into offpolicy_seed<s>.json")
     a = ap.parse_args(argv)
-    report = run(a.quick, a.out, a.workdir or a.out / "work")
+    report = run(a.quick, a.out, a.workdir or a.out / f"work{a.seed or ''}", a.seed)
     far = report["checkpoints"][-1]
     print(f"farthest checkpoint (step {far['steps']}): overlap@10% {far['overlap_at_10']:.3f}, with ESS refresh of "
           f"{far['refresh_fraction']:.0%} {far['overlap_at_10_refresh']:.3f}; goal met by {report['goal']['met_by']}; "
-          f"wrote {a.out / 'offpolicy.json'}")
+          f"wrote it into {a.out}")
 
 
 if __name__ == "__main__":

@@ -67,7 +67,9 @@ def _pool_table(schema, ids: list[str], vectors: np.ndarray, scales: np.ndarray,
             "raw_norm": pa.array(scales.astype(np.float64)), "n_responses": pa.array(np.full(n, 8, np.int32)),
             "reward_mean": pa.array(np.full(n, 0.5)), "reward_std": pa.array(np.full(n, 0.3)),
             "n_tokens": pa.array(100 + np.arange(n, dtype=np.int64) % 200), "status": pa.array(status, pa.string()),
-            "ess": pa.array(np.full(n, 6.0)), "ess_fraction": pa.array(np.full(n, 0.75))}
+            "ess": pa.array(np.full(n, 6.0)), "ess_fraction": pa.array(np.full(n, 0.75)),
+            "p_theta": pa.array(np.full(n, 0.5)), "std_theta": pa.array(np.full(n, 0.3)),
+            "log_mean_weight": pa.array(np.zeros(n))}
     return pa.table([cols[f.name] for f in schema], schema=schema)
 
 
