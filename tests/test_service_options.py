@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from cropi.generation.options import CollectOptions, EngineOptions
 from cropi.gradients.options import LossOptions
 from cropi.pipeline.curriculum.config import CurriculumConfig
-from cropi.pipeline.requests import ScoreRequest
+from cropi.pipeline.requests import RefreshOptions, ScoreRequest
 from cropi.projection.spec import ProjectionSpec
 from cropi.trainers.trl import TrlOptions
 from cropi.trainers.verl import VerlOptions
@@ -26,7 +26,7 @@ from cropi_service.options import caller
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = [(caller.Projection, ProjectionSpec), (caller.Loss, LossOptions), (caller.Engine, EngineOptions),
          (caller.Collect, CollectOptions), (caller.ScoringOptions, ScoreRequest),
-         (caller.CurriculumOptions, CurriculumConfig), (caller.TrlTraining, TrlOptions),
+         (caller.CurriculumOptions, CurriculumConfig), (caller.Refresh, RefreshOptions), (caller.TrlTraining, TrlOptions),
          (caller.VerlTraining, VerlOptions)]
 
 
@@ -58,6 +58,17 @@ def test_offered_fields_keep_the_library_bounds_and_tighten_them():
     # the library's old names are accepted, and the library request gets the library's names
     assert caller.ScoringOptions.model_validate({"top_fraction": 0.5}).model_dump(exclude_none=True) == \
         {"select_fraction": 0.5}
+
+
+def test_a_curriculum_caller_may_ask_for_a_per_stage_refresh_within_the_librarys_rules():
+    got = caller.CurriculumOptions.model_validate({"refresh": {"criterion": "status", "above": 0.4, "budget": 0.2}})
+    assert got.model_dump(exclude_none=True)["refresh"] == {"criterion": "status", "above": 0.4, "budget": 0.2}
+    with pytest.raises(ValidationError, match="needs --below"):  # the library's cross-field rule, at the edge
+        caller.CurriculumOptions.model_validate({"refresh": {"criterion": "ess", "budget": 0.2}})
+    with pytest.raises(ValidationError, match="less than or equal to 1"):
+        caller.CurriculumOptions.model_validate({"refresh": {"criterion": "status", "budget": 2}})
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        caller.CurriculumOptions.model_validate({"refresh": {"budget": 0.2, "out": "/etc"}})
 
 
 # A library edit the service has never seen: a bounded number, and a free-form path.

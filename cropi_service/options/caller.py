@@ -16,7 +16,7 @@ from pydantic import AfterValidator, Field, StringConstraints
 from cropi.generation.options import CollectOptions, EngineOptions
 from cropi.gradients.options import LossOptions
 from cropi.pipeline.curriculum.config import CurriculumConfig
-from cropi.pipeline.requests import ScoreRequest
+from cropi.pipeline.requests import RefreshOptions, ScoreRequest
 from cropi.projection.spec import ProjectionSpec
 from cropi.trainers.trl import NAME as TRL, TrlOptions
 from cropi.trainers.verl import NAME as VERL, VerlOptions
@@ -62,6 +62,8 @@ Collect = caller_model(CollectOptions, Policy(
              "batch_prompts": (Le(4096),)},
     nested={"engine": Engine}), name="Collect")
 
+Refresh = caller_model(RefreshOptions, Policy(), name="Refresh")
+
 ScoringOptions = caller_model(ScoreRequest, Policy(
     refused={**dict.fromkeys(("name", "model", "pool", "validation", "trajectories", "projection"), SPLIT_SETTER),
              "behavior": "the service collects with the registered checkpoint"},
@@ -90,9 +92,9 @@ CurriculumOptions = caller_model(CurriculumConfig, Policy(
              "trainer_options": "give them in `trainer` with its name: {\"name\": \"trl\", ...}"},
     vetted={"reward": REWARD, "device": DEVICE},
     tighter={"steps_per_stage": (Le(1_000_000),), "seed": SEED, "max_validation": (Le(100_000),)},
-    nested={"collect": Collect, "loss": Loss,
+    nested={"collect": Collect, "loss": Loss, "refresh": Refresh,
             "trainer": Annotated[Union[TrlTraining, VerlTraining], Field(discriminator="name")]}),
     name="CurriculumOptions")
 
-__all__ = ["Collect", "CurriculumOptions", "Engine", "Loss", "Projection", "ScoringOptions", "TrlTraining",
+__all__ = ["Collect", "CurriculumOptions", "Engine", "Loss", "Projection", "Refresh", "ScoringOptions", "TrlTraining",
            "VerlTraining"]
