@@ -353,3 +353,24 @@ def test_writers_create_parent_directories_and_overwrite(tmp_path):
     write_verl_parquet(_records(), path)
     write_verl_parquet(_records()[:1], path)
     assert load_prompts(path) == _records()[:1]
+
+
+def test_reading_once_parses_each_file_once_and_an_edited_file_again(tmp_path, monkeypatch):
+    from cropi.data import readers, reading_once
+
+    path = str(tmp_path / "p.jsonl")
+    write_jsonl([PromptRecord(prompt_id="a", prompt="q", answer="1")], path)
+    parses = []
+    real = readers._parse
+    monkeypatch.setattr(readers, "_parse", lambda *a: parses.append(a[2]) or real(*a))
+    load_prompts(path), load_prompts(path)
+    assert len(parses) == 2  # outside a block every call reads the file
+    with reading_once():
+        first = load_prompts(path)
+        first.append("not shared")  # each caller gets its own list
+        assert [r.prompt_id for r in load_prompts(path)] == ["a"] and len(parses) == 3
+        write_jsonl([PromptRecord(prompt_id="b", prompt="q2", answer="22")], path)
+        os.utime(path, ns=(10**18, 10**18))  # a new modification time even on a coarse clock
+        assert [r.prompt_id for r in load_prompts(path)] == ["b"] and len(parses) == 4
+    load_prompts(path)
+    assert len(parses) == 5  # the block's records are gone with it

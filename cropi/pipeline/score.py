@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from cropi.contracts import POOL, SELECTED
-from cropi.data import load_prompts, prompts_fingerprint
+from cropi.data import load_prompts, prompts_fingerprint, reading_once
 from cropi.errors import InvalidInputError, MismatchError, NotFoundError
 from cropi.generation import make_backend
 from cropi.pipeline.collect import CollectJob, collect
@@ -53,7 +53,12 @@ def score_checkpoint(request: ScoreRequest, *, root: str | Path, progress: Progr
     """
     if not request.validation:
         raise InvalidInputError("name at least one validation set: the pool is ranked by its influence on them")
-    progress = report(progress)
+    with reading_once():  # the pool file is consulted at every step below: parsed once
+        return _score(request, root, report(progress), refresh)
+
+
+def _score(request: ScoreRequest, root: str | Path, progress: Progress, refresh: RefreshOptions | None
+           ) -> ScoreResult:
     trajectories = ensure_trajectories(request, root, progress)
     jobs = gradient_jobs(request, root, trajectories)
     computed = {job.split: compute_gradients(job, progress)["computed"] for job in jobs}
