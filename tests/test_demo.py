@@ -372,11 +372,17 @@ def test_a_killed_demo_resumes_without_redoing_finished_work(tmp_path):
     proc.wait()
     first = json.loads(state.read_text())["stages"][0]["trained"]
     assert not (out / "report.json").exists()
+    spent = json.loads((out / "phases.json").read_text())  # the killed run's collection and scoring, kept
+    assert spent["seconds"]["collect"] > 0 and spent["seconds"]["score"] > 0 and spent["cpu_s"] > 0
 
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(state.read_text())["stages"][0]["trained"] == first  # stage 0 was not trained again
-    _check_report(out, DemoSettings.quick(seeds=1), ("cropi", "full"))
+    report = _check_report(out, DemoSettings.quick(seeds=1), ("cropi", "full"))
+    # the resumed run found them done; the report still counts what they cost (the wall-clock figures' scoring)
+    for phase in ("collect", "score"):
+        assert report["timing_s"][phase] >= spent["seconds"][phase]
+    assert report["cpu_s"] > spent["cpu_s"]
 
 
 @pytest.mark.slow

@@ -23,7 +23,8 @@ greedy accuracy is reported beside it. report.json keys:
 - ``trainer``: mean seconds per step (sampling, update) and per evaluation
 - ``by_train_seconds``: method -> seed -> [training seconds, sampled accuracy] at every evaluation
 - ``online_filter``: online-filter methods -> filtered fraction per step, filter cost, early stops
-- ``timing_s`` (wall seconds per phase), ``cpu_s`` (CPU seconds of the run, workers included),
+- ``timing_s`` (wall seconds per phase), ``cpu_s`` (CPU seconds, workers included; both summed over every
+  invocation on the folder, so a resumed demo counts what its first run spent),
   ``plots`` (file names)
 """
 

@@ -21,6 +21,7 @@ with the same ``--out`` resumes where it stopped.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import multiprocessing
 import time
 from contextlib import contextmanager
@@ -36,6 +37,7 @@ from cropi.pipeline.curriculum import (CollectOptions, CurriculumConfig, Curricu
                                        collect_trajectories, gradient_jobs, scoring_splits)
 from cropi.projection import ProjectionSpec
 from cropi.tasks.base import Task
+from cropi.utils.fsio import resolve, write_json_atomic
 
 # CROPI first: its runs are the longest (gradients at every stage), so they start first.
 ORDER = ("cropi", *VARIANTS, "cropi+iif", "pass_rate", "informative", "oracle", "ippo", "iif",
@@ -49,7 +51,7 @@ def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = Fals
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     settings, task = settings.resolved(), settings.load_task()
-    clock = _Clock()
+    clock = _Clock(out)
     say(f"task {task.name}; writing into {out}; {settings.seeds} seeds x {len(settings.methods)} methods, {settings.stages} stages "
         f"x {settings.steps_per_stage} steps, {settings.workers} worker processes")
     with clock.phase("data"):
@@ -68,8 +70,9 @@ def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = Fals
         with clock.phase("train"):
             runs = _train(pool, configs, root)
     with clock.phase("report"):
-        report = write_outputs(out, settings, task, data, runs, clock.seconds, cpu_seconds())
-    say(f"done in {sum(clock.seconds.values()):.0f}s ({report['cpu_s']:.0f} CPU-s): see {out / 'report.md'}")
+        report = write_outputs(out, settings, task, data, runs, clock.totals(), clock.cpu_s())
+    say(f"done in {sum(clock.seconds.values()):.0f}s ({report['cpu_s']:.0f} CPU-s over every run on the folder): "
+        f"see {out / 'report.md'}")
     return report
 
 
@@ -201,10 +204,23 @@ class _InlineExecutor:
 
 
 class _Clock:
-    """Wall seconds per phase, logged as each ends."""
+    """Wall seconds per phase, logged as each ends, and with the CPU seconds kept in
+    ``<out>/phases.json`` summed over every invocation on the folder. A resumed demo finds the
+    shared collection and scoring done and spends about nothing on them: its own clock alone
+    would drop their cost from the wall-clock figures and the CPU total."""
 
-    def __init__(self):
+    def __init__(self, out: Path):
+        self.path = out / "phases.json"
+        self.before = _earlier_phases(out)
         self.seconds: dict[str, float] = {}
+
+    def totals(self) -> dict[str, float]:
+        """Seconds per phase over every invocation."""
+        earlier = self.before["seconds"]
+        return {k: round(earlier.get(k, 0.0) + self.seconds.get(k, 0.0), 2) for k in {**earlier, **self.seconds}}
+
+    def cpu_s(self) -> float:
+        return round(self.before["cpu_s"] + cpu_seconds(), 1)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -213,3 +229,16 @@ class _Clock:
         yield
         self.seconds[name] = round(time.monotonic() - start, 2)
         say(f"phase {name} done in {self.seconds[name]:.1f}s")
+        write_json_atomic(*resolve(str(self.path)), {"seconds": self.totals(), "cpu_s": self.cpu_s()})
+
+
+def _earlier_phases(out: Path) -> dict:
+    """What earlier invocations spent: phases.json, else (a folder from before it) the report's figures."""
+    for name, seconds, cpu in (("phases.json", "seconds", "cpu_s"), ("report.json", "timing_s", "cpu_s")):
+        try:
+            doc = json.loads((out / name).read_text())
+            return {"seconds": {k: float(v) for k, v in doc[seconds].items() if k != "total"},
+                    "cpu_s": float(doc[cpu])}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return {"seconds": {}, "cpu_s": 0.0}
