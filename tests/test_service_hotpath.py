@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from cropi.contracts import GRADIENT_META_COLUMNS, GRADIENT_OPTIONAL_COLUMNS
 from cropi_service.api.app import create_app
 from cropi_service.domain.cache import ByteLRU, NotLoaded
+from cropi_service.domain import views
 from cropi_service.domain.views import GradientView, RankingView, _finite, vector_json, vector_json_bytes
 from support.service import ARROW, FakeLibrary, KINDS, make_settings, Env, env, assert_error, read_arrow
 
@@ -231,3 +232,44 @@ def test_a_fast_page_never_waits_on_an_encoding_under_way(tmp_path):
         assert view.page_json("fused", 3, 7, peek=True) == page
         with pytest.raises(NotLoaded):
             view.page_json("gsm", 3, 7, peek=True)
+
+
+def test_ranking_pages_across_block_edges_are_the_rows_in_order_within_the_byte_budget(tmp_path, monkeypatch):
+    """Pages are cut from 16-row blocks (the real size is 1,024) in an LRU holding a few: every page
+    equals the rows ordered by hand from the raw ranking, whichever blocks it spans or re-encodes."""
+    monkeypatch.setattr(views, "PAGE_BLOCK_ROWS", 16)
+    lib = FakeLibrary(tmp_path)
+    raw = lib.raw_ranking("ck")
+    blocks = ByteLRU(6000)
+    view = RankingView(lib.ranking("ck", "spec"), blocks)
+    ranked = [i for i in range(lib.pool_size) if raw["rank"][i] > 0]
+    finite = lambda x: x if math.isfinite(x) else None  # noqa: E731
+    want = {"fused": sorted(ranked, key=lambda i: raw["rank"][i])}
+    for v in ("gsm", "math"):
+        want[v] = sorted(ranked, key=lambda i: (-(finite(raw["scores"][v][i]) or -math.inf), raw["rank"][i]))
+    n = len(ranked)
+    for order, rows in want.items():
+        for offset, limit in [(0, 1), (0, 16), (15, 2), (16, 16), (5, 40), (n - 3, 10), (n, 5), (0, 1000), (31, 1)]:
+            got = json.loads(view.page_json(order, offset, limit))
+            exp = rows[offset:offset + limit]
+            assert [r["prompt_id"] for r in got] == [raw["ids"][i] for i in exp]
+            assert [r["position"] for r in got] == list(range(offset + 1, offset + 1 + len(exp)))
+            assert [r["rank"] for r in got] == [int(raw["rank"][i]) for i in exp]
+            for r, i in zip(got, exp):
+                assert r["fused"] == pytest.approx(raw["fused"][i])
+                assert r["scores"] == {v: pytest.approx(finite(raw["scores"][v][i])) if finite(raw["scores"][v][i])
+                                       is not None else None for v in ("gsm", "math")}
+            assert blocks.bytes <= 6000
+    with pytest.raises(Exception, match="unknown validation set"):
+        view.page_json("nope", 0, 5)
+
+
+def test_a_fast_page_needs_every_block_it_spans_encoded(tmp_path, monkeypatch):
+    monkeypatch.setattr(views, "PAGE_BLOCK_ROWS", 16)
+    view = RankingView(FakeLibrary(tmp_path).ranking("ck", "spec"), ByteLRU(1 << 20))
+    with pytest.raises(NotLoaded):
+        view.page_json("fused", 0, 10, peek=True)
+    page = view.page_json("fused", 0, 16)
+    assert view.page_json("fused", 0, 16, peek=True) == page
+    with pytest.raises(NotLoaded):  # rows 10..25 span block 1, never encoded
+        view.page_json("fused", 10, 16, peek=True)

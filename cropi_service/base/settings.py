@@ -48,8 +48,11 @@ class ServiceSettings(BaseSettings):
                             "version_ttl_s=0 none is fast")
     render_cache_mb: float = Field(default=64.0, ge=0, description="memory for rendered JSON gradient records, "
                                    "all splits together (0: render every request)")
-    # 256: at 1M prompts x 3 checkpoints the rankings' encoded pages take about 1 GB; with 512 here the
-    # server measured 2,065 MB (benchmarks/results/service_1m_reduced.json)
+    ranking_cache_mb: float = Field(default=512.0, ge=0, description="memory for ranking pages encoded as "
+                                    "JSON, all checkpoints and orders together (a page reads the 1,024-row "
+                                    "blocks holding it; 0: encode every request)")
+    # 256: with 512 here and every ranking order encoded whole (before ranking_cache_mb) the server
+    # measured 2,065 MB at 1M prompts x 3 checkpoints (benchmarks/results/service_1m_reduced.json)
     gradient_cache_mb: float = Field(default=256.0, ge=0, description="memory for verified record batches of "
                                      "stored gradients, all splits together (a lookup reads the 256 KB batch "
                                      "holding its prompt)")

@@ -54,6 +54,7 @@ class Service:
         self.rankings: VersionedCache[RankingView] = VersionedCache(RANKING_CACHE_SIZE)
         self.gradient_views: VersionedCache[GradientView] = VersionedCache(GRADIENT_CACHE_SIZE)
         self.rendered = ByteLRU(int(settings.render_cache_mb * 2**20))  # shared by every split's view
+        self.ranking_pages = ByteLRU(int(settings.ranking_cache_mb * 2**20))  # and by every ranking's
         self._heavy = threading.BoundedSemaphore(settings.heavy_requests)
         self._registrations = threading.BoundedSemaphore(settings.max_registrations)
         self._versions: dict[Hashable, tuple[float, Hashable | None]] = {}
@@ -215,7 +216,7 @@ class Service:
         key = (row.name, row.spec_id)
         token = self._token(key, lambda: self.library.ranking_version(row.name, row.spec_id), row, job, peek)
         load = self._load(f"the stored ranking of checkpoint {row.id} ({row.name}, spec {row.spec_id})",
-                          lambda: RankingView(self.library.ranking(row.name, row.spec_id)))
+                          lambda: RankingView(self.library.ranking(row.name, row.spec_id), self.ranking_pages))
         return self._cached(self.rankings, key, token, load, peek)
 
     def ranking_page(self, checkpoint_id: str, offset: int, limit: int, validation: str | None,
