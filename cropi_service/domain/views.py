@@ -28,9 +28,10 @@ from .cache import ByteLRU, NotLoaded
 from ..base.errors import UnknownIdError
 
 FUSED = "fused"
-# Ranking rows encoded a block at a time: about 2 ms a block of 1,024 (measured at 950k rows), so a
-# cold page of up to 1,000 rows (two blocks) costs about 4 ms.
-PAGE_BLOCK_ROWS = 1024
+# Ranking rows encoded a block at a time, about 11 MB and 130 ms a block of 65,536 (orjson, measured at
+# 950k rows). Blocks of 1,024 (2 ms) left most pages of a random-offset load cold: a 1M open loop
+# then measured p99 349 ms (service_1m_blocks_1024.json); whole orders, 8 s a cold first request.
+PAGE_BLOCK_ROWS = 65536
 DEFAULT_PAGE_CACHE_BYTES = 64 << 20  # a view built without the service's shared cache (tests, tools)
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
@@ -107,8 +108,8 @@ class RankingView:
     ``blocks``: a byte-bounded LRU the service shares between views, so the memory of encoded
     pages is one setting (``ranking_cache_mb``) whatever the pool size and the number of
     checkpoints. A page is at most two block slices. Encoding a whole order at once, as before,
-    made the first request of a 950k-row ranking wait 8 s and kept 162 MB an order for good
-    (benchmarks/results/service.json at 1M prompts, three checkpoints: server RSS 1,990 MB).
+    made the first request of a 950k-row ranking wait 8 s and kept 162 MB an order for good,
+    however many checkpoints were served.
     """
 
     def __init__(self, data: RankingResult, blocks: ByteLRU | None = None):
@@ -171,8 +172,8 @@ class RankingView:
         cols = rows.to_pydict()
         selected = cols.get("selected")
         scores = [(v, cols[SCORE_PREFIX + v]) for v in self.validation]
-        # orjson: 1.5 ms a block against json.dumps's 8.4 ms (measured at 950k rows), which under 100
-        # cold pages a second fell behind on one core (benchmarks/results/service.json, open loop)
+        # orjson: 1.5 ms a 1,024 rows against json.dumps's 8.4 ms (measured at 950k rows), with which a
+        # 1M open loop fell behind on cold blocks (service_1m_blocks_stdlib_json.json)
         records = [orjson.dumps({"position": base + i + 1, "prompt_id": pid, "rank": int(cols["rank"][i]),
                                  "fused": _finite(cols["fused"][i]), "scores": {v: _finite(s[i]) for v, s in scores},
                                  "selected": selected[i] if selected is not None else None}) + b","
