@@ -273,3 +273,25 @@ def test_a_fast_page_needs_every_block_it_spans_encoded(tmp_path, monkeypatch):
     assert view.page_json("fused", 0, 16, peek=True) == page
     with pytest.raises(NotLoaded):  # rows 10..25 span block 1, never encoded
         view.page_json("fused", 10, 16, peek=True)
+
+
+def test_a_cold_block_is_encoded_once_however_many_requests_want_it(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setattr(views, "PAGE_BLOCK_ROWS", 16)
+    view = RankingView(FakeLibrary(tmp_path).ranking("ck", "spec"), ByteLRU(1 << 20))
+    encodes, real = [], view._encode_block
+
+    def slow(*args):
+        encodes.append(args)
+        time.sleep(0.05)  # long enough for every thread to arrive while the first encodes
+        return real(*args)
+
+    monkeypatch.setattr(view, "_encode_block", slow)
+    pages = []
+    threads = [threading.Thread(target=lambda: pages.append(view.page_json("fused", 3, 5))) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(encodes) == 1 and len(set(pages)) == 1 and len(pages) == 12

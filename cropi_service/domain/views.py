@@ -122,6 +122,7 @@ class RankingView:
         self.blocks = blocks if blocks is not None else ByteLRU(DEFAULT_PAGE_CACHE_BYTES)
         self._orders: dict[str, np.ndarray] = {}  # a validation set's order: row indices of ``table``
         self._lock = threading.Lock()
+        self._block_locks: dict[tuple[str, int], threading.Lock] = {}
         self._token = object()  # block keys are this view's: a newer stored version never meets them
 
     @property
@@ -150,12 +151,25 @@ class RankingView:
             if block is None:
                 if peek:
                     raise NotLoaded(order)
-                block = self.blocks.put((self._token, order, b), self._encode_block(order, base, n))
+                block = self._load_block(order, b, base, n)
             starts = np.frombuffer(block, np.int64, count=n + 1)
             lo, hi = max(first, base) - base, min(end, base + n) - base
             head = 8 * (n + 1)
             parts.append(memoryview(block)[head + starts[lo]:head + starts[hi]])
         return b"[" + b"".join(parts)[:-1] + b"]"  # each record is followed by a comma
+
+    def _load_block(self, order: str, b: int, base: int, n: int) -> bytes:
+        """Encode block ``b`` once however many requests want it at the same moment: without this,
+        50 clients meeting one cold block encoded it 50 times under one GIL (a 1M open loop measured
+        p99 4.7 s, service_1m_blocks_uncoalesced.json)."""
+        key = (self._token, order, b)
+        with self._lock:
+            lock = self._block_locks.setdefault((order, b), threading.Lock())
+        with lock:
+            block = self.blocks.get(key)  # another request may have encoded it meanwhile
+            if block is None:
+                block = self.blocks.put(key, self._encode_block(order, base, n))
+        return block
 
     def _order(self, order: str) -> np.ndarray:
         with self._lock:  # one sort per order, even under concurrent first requests
