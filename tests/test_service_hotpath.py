@@ -238,6 +238,7 @@ def test_ranking_pages_across_block_edges_are_the_rows_in_order_within_the_byte_
     """Pages are cut from 16-row blocks (the real size is 1,024) in an LRU holding a few: every page
     equals the rows ordered by hand from the raw ranking, whichever blocks it spans or re-encodes."""
     monkeypatch.setattr(views, "PAGE_BLOCK_ROWS", 16)
+    monkeypatch.setattr(views, "ENCODE_ROWS", 5)  # a block encoded in slices that do not divide it
     lib = FakeLibrary(tmp_path)
     raw = lib.raw_ranking("ck")
     blocks = ByteLRU(6000)

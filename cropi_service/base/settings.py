@@ -51,8 +51,9 @@ class ServiceSettings(BaseSettings):
     # 768: a 1M-prompt order encoded is 162 MB; the serving benchmark pages through four (three
     # checkpoints' fused orders and one validation set's) at random offsets
     ranking_cache_mb: float = Field(default=768.0, ge=0, description="memory for ranking pages encoded as "
-                                    "JSON, all checkpoints and orders together (a page reads the 65,536-row "
-                                    "blocks holding it, about 170 bytes a row; 0: encode every request)")
+                                    "JSON, all checkpoints and orders together (an order is encoded at its "
+                                    "first page, a million rows at a time, about 170 bytes a row; 0: encode "
+                                    "every request)")
     # 256: with 512 here and every ranking order encoded whole (before ranking_cache_mb) the server
     # measured 2,065 MB at 1M prompts x 3 checkpoints (benchmarks/results/service_1m_reduced.json)
     gradient_cache_mb: float = Field(default=256.0, ge=0, description="memory for verified record batches of "

@@ -68,7 +68,8 @@ class VersionedCache(Generic[V]):
 
 
 class ByteLRU:
-    """Thread-safe LRU of bytes values holding at most ``max_bytes`` in all (0: holds nothing).
+    """Thread-safe LRU of values whose len() is their size in bytes (bytes, or the service's encoded
+    ranking rows), holding at most ``max_bytes`` in all (0: holds nothing).
 
     A value larger than the whole budget is returned by ``put`` but not kept.
     """

@@ -28,10 +28,14 @@ from .cache import ByteLRU, NotLoaded
 from ..base.errors import UnknownIdError
 
 FUSED = "fused"
-# Ranking rows encoded a block at a time, about 11 MB and 130 ms a block of 65,536 (orjson, measured at
-# 950k rows). Blocks of 1,024 (2 ms) left most pages of a random-offset load cold: a 1M open loop
-# then measured p99 349 ms (service_1m_blocks_1024.json); whole orders, 8 s a cold first request.
-PAGE_BLOCK_ROWS = 65536
+# Ranking rows are encoded a block at a time, on first use; a block of this many rows is a whole order
+# up to a million prompts (about 165 MB and 2 s with orjson at 950k rows). Smaller blocks spread the
+# encoding over the requests that meet them: under the serving benchmark's random-offset load over three
+# 1M-prompt checkpoints that put every cold block inside the measured window (p99 0.35 s with 1,024-row
+# blocks, 5.5 s with 65,536: service_1m_blocks_1024.json, service_1m_blocks_65536.json), where encoding
+# an order at its first request leaves the load warm.
+PAGE_BLOCK_ROWS = 1 << 20
+ENCODE_ROWS = 65536  # rows turned into Python objects at once while encoding a block
 DEFAULT_PAGE_CACHE_BYTES = 64 << 20  # a view built without the service's shared cache (tests, tools)
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
@@ -152,16 +156,14 @@ class RankingView:
                 if peek:
                     raise NotLoaded(order)
                 block = self._load_block(order, b, base, n)
-            starts = np.frombuffer(block, np.int64, count=n + 1)
             lo, hi = max(first, base) - base, min(end, base + n) - base
-            head = 8 * (n + 1)
-            parts.append(memoryview(block)[head + starts[lo]:head + starts[hi]])
+            parts.append(memoryview(block.blob)[block.starts[lo]:block.starts[hi]])
         return b"[" + b"".join(parts)[:-1] + b"]"  # each record is followed by a comma
 
-    def _load_block(self, order: str, b: int, base: int, n: int) -> bytes:
+    def _load_block(self, order: str, b: int, base: int, n: int) -> "EncodedRows":
         """Encode block ``b`` once however many requests want it at the same moment: without this,
         50 clients meeting one cold block encoded it 50 times under one GIL (a 1M open loop measured
-        p99 4.7 s, service_1m_blocks_uncoalesced.json)."""
+        p99 4.7 s with 65,536-row blocks, service_1m_blocks_uncoalesced.json)."""
         key = (self._token, order, b)
         with self._lock:
             lock = self._block_locks.setdefault((order, b), threading.Lock())
@@ -179,22 +181,43 @@ class RankingView:
                 self._orders[order] = np.lexsort((self.table["rank"].to_numpy(), -score))
             return self._orders[order]
 
-    def _encode_block(self, order: str, base: int, n: int) -> bytes:
-        """Rows ``base .. base+n`` of ``order``: the row starts (n + 1 int64, the last the end) and
-        then each row's JSON record followed by a comma, as one bytes value (its length is its memory)."""
-        rows = self.table.slice(base, n) if order == FUSED else self.table.take(self._order(order)[base:base + n])
-        cols = rows.to_pydict()
-        selected = cols.get("selected")
-        scores = [(v, cols[SCORE_PREFIX + v]) for v in self.validation]
-        # orjson: 1.5 ms a 1,024 rows against json.dumps's 8.4 ms (measured at 950k rows), with which a
-        # 1M open loop fell behind on cold blocks (service_1m_blocks_stdlib_json.json)
-        records = [orjson.dumps({"position": base + i + 1, "prompt_id": pid, "rank": int(cols["rank"][i]),
-                                 "fused": _finite(cols["fused"][i]), "scores": {v: _finite(s[i]) for v, s in scores},
-                                 "selected": selected[i] if selected is not None else None}) + b","
-                   for i, pid in enumerate(cols["prompt_id"])]
+    def _encode_block(self, order: str, base: int, n: int) -> "EncodedRows":
+        """Rows ``base .. base+n`` of ``order``: each row's JSON record followed by a comma, in one
+        buffer, and where each starts. One buffer, not a bytes object a row: at a million rows the
+        objects' headers and the list cost 40 MB an order."""
+        blob, lengths = bytearray(), []
+        # a slice at a time: the Python objects of a million rows at once would double the server's memory
+        for start in range(base, base + n, ENCODE_ROWS):
+            count = min(ENCODE_ROWS, base + n - start)
+            rows = (self.table.slice(start, count) if order == FUSED
+                    else self.table.take(self._order(order)[start:start + count]))
+            cols = rows.to_pydict()
+            selected = cols.get("selected")
+            scores = [(v, cols[SCORE_PREFIX + v]) for v in self.validation]
+            # orjson: 1.5 ms a 1,024 rows against json.dumps's 8.4 ms (measured at 950k rows)
+            for i, pid in enumerate(cols["prompt_id"]):
+                record = orjson.dumps({"position": start + i + 1, "prompt_id": pid, "rank": int(cols["rank"][i]),
+                                       "fused": _finite(cols["fused"][i]),
+                                       "scores": {v: _finite(s[i]) for v, s in scores},
+                                       "selected": selected[i] if selected is not None else None}) + b","
+                blob += record
+                lengths.append(len(record))
         starts = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum([len(r) for r in records], out=starts[1:])
-        return starts.tobytes() + b"".join(records)
+        np.cumsum(lengths, out=starts[1:])
+        return EncodedRows(bytes(blob), starts)  # exact size (a bytearray keeps up to an eighth more)
+
+
+class EncodedRows:
+    """A block of encoded ranking rows: ``blob`` and each row's start (and the end) in it. Its len()
+    is its memory, as the byte-bounded cache counts it."""
+
+    __slots__ = ("blob", "starts")
+
+    def __init__(self, blob: bytes, starts: np.ndarray):
+        self.blob, self.starts = blob, starts
+
+    def __len__(self) -> int:
+        return len(self.blob) + self.starts.nbytes
 
 
 class GradientView:
