@@ -52,8 +52,9 @@ class ServiceSettings(BaseSettings):
     # checkpoints' fused orders and one validation set's) at random offsets
     ranking_cache_mb: float = Field(default=768.0, ge=0, description="memory for ranking pages encoded as "
                                     "JSON, all checkpoints and orders together (an order is encoded at its "
-                                    "first page, a million rows at a time, about 170 bytes a row; 0: encode "
-                                    "every request)")
+                                    "first page, a million rows at a time, about 170 bytes a row). Give it room "
+                                    "for the orders callers page through: an order that does not fit is "
+                                    "encoded again for every page (0: always)")
     # 256: with 512 here and every ranking order encoded whole (before ranking_cache_mb) the server
     # measured 2,065 MB at 1M prompts x 3 checkpoints (benchmarks/results/service_1m_reduced.json)
     gradient_cache_mb: float = Field(default=256.0, ge=0, description="memory for verified record batches of "
