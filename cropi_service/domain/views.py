@@ -133,10 +133,6 @@ class RankingView:
     def total(self) -> int:
         return self.table.num_rows
 
-    def ordered(self, order: str) -> pa.Table:
-        """The ranked rows sorted by ``order``: 'fused' or a validation set's score (descending, ties by rank)."""
-        return self.table if order == FUSED else self.table.take(self._order(order))
-
     def page_json(self, order: str, offset: int, limit: int, peek: bool = False) -> bytes:
         """Rows ``offset .. offset+limit`` of ``order``, as a JSON array of API records. With ``peek``,
         NotLoaded unless every block of the page is encoded already: never encodes nor waits on the
@@ -158,7 +154,8 @@ class RankingView:
                 block = self._load_block(order, b, base, n)
             lo, hi = max(first, base) - base, min(end, base + n) - base
             parts.append(memoryview(block.blob)[block.starts[lo]:block.starts[hi]])
-        return b"[" + b"".join(parts)[:-1] + b"]"  # each record is followed by a comma
+        parts[-1] = parts[-1][:-1]  # each record is followed by a comma: not the page's last
+        return b"".join((b"[", *parts, b"]"))
 
     def _load_block(self, order: str, b: int, base: int, n: int) -> "EncodedRows":
         """Encode block ``b`` once however many requests want it at the same moment: without this,
@@ -174,6 +171,7 @@ class RankingView:
         return block
 
     def _order(self, order: str) -> np.ndarray:
+        """Row indices of ``table`` in a validation set's order: its score descending, ties by rank."""
         with self._lock:  # one sort per order, even under concurrent first requests
             if order not in self._orders:
                 score = np.nan_to_num(self.table[SCORE_PREFIX + order].to_numpy(zero_copy_only=False)
