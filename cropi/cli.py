@@ -207,7 +207,7 @@ def _job(a):
 
 
 def _demo_args(p):
-    from cropi.demo.settings import METHODS, ONLINE_METHODS, VARIANTS
+    from cropi.demo.settings import METHODS, known_methods
 
     p.add_argument("--quick", action="store_true", help="fewer prompts, stages, steps and seeds (a few minutes)")
     p.add_argument("--out", default="out/demo", help="output folder (rerun with the same folder to resume)")
@@ -216,7 +216,7 @@ def _demo_args(p):
     p.add_argument("--task", help="built-in task (lists, skills; default lists) or module:attribute naming a "
                                   "cropi.tasks.Task (docs/demo.md)")
     p.add_argument("--methods", help=f"comma-separated methods (default: {','.join(METHODS)}; "
-                                     f"also {', '.join([*VARIANTS, *ONLINE_METHODS])})")
+                                     f"also {', '.join(m for m in known_methods() if m not in METHODS)})")
     p.add_argument("--warm-start", action="store_true", help="warm-start the model now from the task's recipe "
                                                              "instead of using the shipped one")
 

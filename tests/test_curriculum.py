@@ -23,7 +23,8 @@ from safetensors.torch import load_file, save_file
 from cropi.cli import main as cli_main
 from cropi.data import load_prompts, write_jsonl
 from cropi.models import build_tiny_model
-from cropi.pipeline import baselines, score
+from cropi.pipeline import score
+from cropi.selection import SelectionInputs, select
 from cropi.pipeline.curriculum import loop
 from cropi.pipeline.curriculum import (CurriculumConfig, CurriculumConfigError, CurriculumConflictError,
                                        run_curriculum, stage_seed)
@@ -223,7 +224,7 @@ def test_baseline_runs_select_as_specified(setup, monkeypatch):
     rand = run_curriculum(make_config(setup, name="rand", method="random"), root=setup["root"])
     subsets = [[r.prompt_id for r in load_prompts(s["subset"])] for s in rand["stages"]]
     assert all(len(s) == len(set(s)) == math.ceil(FRACTION * POOL) and set(s) <= set(pool_ids) for s in subsets)
-    assert subsets[0] == baselines.select_random(pool_ids, FRACTION, seed=1, stage=0)
+    assert subsets[0] == select("random", SelectionInputs(pool_ids, FRACTION, seed=1, salt="0")).chosen
 
     pr = run_curriculum(make_config(setup, name="pr", method="pass_rate", stages=1), root=setup["root"])
     # brute force from the raw trajectory rows (the behavior policy is the initial model)
@@ -240,38 +241,6 @@ def test_baseline_runs_select_as_specified(setup, monkeypatch):
     assert all(score[p] > 0 for p in chosen)
     rest = [score[p] for p in useful if p not in chosen]
     assert not rest or min(score[p] for p in chosen) >= max(rest)
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 8), min_size=1, max_size=60), st.floats(0.01, 1.0), st.integers(0, 5))
-def test_pass_rate_selection_is_the_top_fraction_by_p_times_1_minus_p(successes, fraction, seed):
-    ids = [f"p{i:03d}" for i in range(len(successes))]
-    rates = {p: k / 8 for p, k in zip(ids, successes)}
-    chosen = baselines.select_pass_rate(ids, rates, fraction, seed=seed)
-    score = {p: rates[p] * (1 - rates[p]) for p in ids}
-    useful = [p for p in ids if score[p] > 0]
-    assert len(chosen) == len(set(chosen)) == min(len(useful), math.ceil(fraction * len(ids)))
-    assert [score[p] for p in chosen] == sorted((score[p] for p in chosen), reverse=True)
-    rest = [score[p] for p in useful if p not in chosen]
-    assert not rest or score[chosen[-1]] >= max(rest)
-    assert chosen == baselines.select_pass_rate(ids, rates, fraction, seed=seed)
-
-
-def test_pass_rates_ignore_failed_rewards():
-    rates = baselines.pass_rates([("a", [1.0, 0.0, None, 1.0]), ("b", [None, None]), ("c", [0.0])])
-    assert rates == {"a": pytest.approx(2 / 3), "c": 0.0}
-
-
-def test_random_and_full_selection():
-    ids = [f"p{i}" for i in range(50)]
-    a = baselines.select_random(ids, 0.1, seed=3, stage=0)
-    assert len(a) == 5 and set(a) <= set(ids)
-    assert a == baselines.select_random(ids, 0.1, seed=3, stage=0)
-    draws = {tuple(baselines.select_random(ids, 0.1, seed=3, stage=m)) for m in range(5)}
-    assert len(draws) > 1  # drawn afresh at each stage
-    assert baselines.select_full(ids) == ids
-    with pytest.raises(Exception, match="select_fraction"):
-        baselines.select_random(ids, 0.0, seed=0, stage=0)
 
 
 # ---------------------------------------------------------------- config and doors
@@ -335,21 +304,6 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
                                                    "val_a": "/root/trajectories/82eebe8b77d116b4/val_a"}
     assert gradient_jobs(cfg, paths, cfg.model, {s: j.out for s, j in jobs.items()})[0].name == \
         "98ee53bb8a66fe96-7b16d27b"
-
-
-def test_informative_control_draws_only_mixed_reward_prompts():
-    from cropi.pipeline.baselines import fraction_count, select_informative
-
-    ids = [f"p{i}" for i in range(40)]
-    rates = {p: (0.0 if i % 4 == 0 else 1.0 if i % 4 == 1 else (i % 8) / 8) for i, p in enumerate(ids)}
-    rates.pop("p2")  # no scored reward: never drawn
-    mixed = {p for p, r in rates.items() if 0 < r < 1}
-    picked = select_informative(ids, rates, 0.25, seed=3, stage=0)
-    assert len(picked) == fraction_count(0.25, len(ids)) == 10 and len(set(picked)) == 10
-    assert set(picked) <= mixed
-    assert select_informative(ids, rates, 0.25, seed=3, stage=0) == picked  # deterministic in (seed, stage)
-    assert select_informative(ids, rates, 0.25, seed=3, stage=1) != picked  # drawn afresh at every stage
-    assert set(select_informative(ids, rates, 1.0, seed=0, stage=0)) == mixed  # fewer mixed than asked: all
 
 
 def test_every_stage_records_its_selection_mix_against_the_pool(setup, cropi_run):

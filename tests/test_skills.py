@@ -7,7 +7,11 @@ from collections import Counter
 import pytest
 
 from cropi.errors import InvalidInputError
-from cropi.pipeline.baselines import select_oracle
+from cropi.selection import SelectionInputs, select
+
+
+def select_oracle(pool, validation):
+    return select("oracle", SelectionInputs(list(pool), 0.1, records=pool, validation=validation)).chosen
 from cropi.tasks.sampling import TaskSizeError
 from cropi.tasks.skills import LEVELS, SKILLS, TARGETS, make_splits, mixture
 

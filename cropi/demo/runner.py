@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 from cropi.data import write_jsonl
 from cropi.demo.assets import place_model, task_splits
 from cropi.demo.log import LogProgress, say
-from cropi.demo.settings import ONLINE_METHODS, VARIANTS, DemoSettings
+from cropi.demo.settings import ONLINE_METHODS, VARIANTS, DemoSettings, selection_of
 from cropi.demo.work import init_worker, run_collect, run_gradients, run_method
 from cropi.pipeline.curriculum import (CollectOptions, CurriculumConfig, CurriculumPaths, collect_jobs,
                                        collect_trajectories, gradient_jobs, scoring_splits)
@@ -39,9 +39,13 @@ from cropi.projection import ProjectionSpec
 from cropi.tasks.base import Task
 from cropi.utils.fsio import resolve, write_json_atomic
 
-# CROPI first: its runs are the longest (gradients at every stage), so they start first.
-ORDER = ("cropi", *VARIANTS, "cropi+iif", "pass_rate", "informative", "oracle", "ippo", "iif",
-         "random_filter", "full", "random")
+
+
+def run_order(methods) -> list[str]:
+    """The methods to run, those that score at every stage first (their runs are the longest), then as listed."""
+    from cropi.selection import RANKING_SELECTORS
+
+    return sorted(methods, key=lambda m: (selection_of(m) not in RANKING_SELECTORS, list(methods).index(m)))
 
 
 def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = False) -> dict:
@@ -60,9 +64,9 @@ def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = Fals
         model = str(place_model(out / "models" / "theta0", task, warm_start_now=warm_start, log=say))
     root = str(out / "runs")
     configs = [curriculum_config(settings, task, method, seed, model, data)
-               for seed in range(settings.seeds) for method in ORDER if method in settings.methods]
+               for seed in range(settings.seeds) for method in run_order(settings.methods)]
     with _executor(settings.workers) as pool:
-        reference = next(c for c in configs if c.method == "cropi")
+        reference = next(c for c in configs if c.selector == "cropi")
         with clock.phase("collect"):
             trajectories = _collect(pool, settings, reference, root, model)
         with clock.phase("score"):
@@ -113,12 +117,12 @@ def curriculum_config(settings: DemoSettings, task: Task, method: str, seed: int
                       data: dict) -> CurriculumConfig:
     """One run of the comparison: only ``method`` and ``seed`` differ between runs."""
     settings = settings.resolved()
-    selection = ONLINE_METHODS[method][0] if method in ONLINE_METHODS else "cropi" if method in VARIANTS else method
     validation = validation_files(task, data)
     return CurriculumConfig(
         name=f"{run_label(method)}-seed{seed}", model=model, pool=data["pool"],
         validation=validation, stages=settings.stages,
-        select_fraction=settings.select_fraction, steps_per_stage=settings.steps_per_stage, method=selection,
+        select_fraction=settings.select_fraction, steps_per_stage=settings.steps_per_stage,
+        selector=selection_of(method),
         trainer="lean", trainer_options=settings.trainer_options(test_files(task, data), method, validation),
         seed=seed,
         reward=settings.reward,
@@ -154,7 +158,7 @@ def _score_initial(pool, settings: DemoSettings, config: CurriculumConfig, root:
 
 def _train(pool, configs: list[CurriculumConfig], root: str) -> list[dict]:
     futures = {pool.submit(run_method, c.model_dump(mode="json"), root): c.name for c in configs}
-    methods = {f"{run_label(m)}-seed{c.seed}": m for c in configs for m in ORDER}
+    methods = {f"{run_label(m)}-seed{c.seed}": m for c in configs for m in {*ONLINE_METHODS, *VARIANTS, c.selector}}
     runs = []
     for n, future in enumerate(cf.as_completed(futures), start=1):
         runs.append(future.result() | {"method": methods[futures[future]]})  # the demo's method; "selection" the rule

@@ -15,6 +15,7 @@ from cropi.tasks.base import DEFAULT_TASK, POOL, Task, load_task
 
 # The comparison: CROPI, the pool, and the selections it has to beat or approach. ``informative``
 # (a random fraction of the mixed-reward prompts) isolates what influence adds over a variance filter.
+# Every other selector of the registry (cropi.selection) is a method too, opt-in with ``methods``.
 METHODS = ("cropi", "full", "random", "pass_rate", "informative", "oracle")
 # CROPI with one scoring option changed (opt-in with ``methods``): demo method -> curriculum config fields.
 VARIANTS: dict[str, dict[str, Any]] = {"cropi_by_answer": {"validation_groups": "answer"},
@@ -76,7 +77,7 @@ class DemoSettings(BaseModel):
 
     @model_validator(mode="after")
     def _known_methods(self) -> "DemoSettings":
-        known = [*METHODS, *VARIANTS, *ONLINE_METHODS]
+        known = known_methods()
         unknown = [m for m in self.methods if m not in known]
         if unknown:
             raise ValueError(f"unknown methods {unknown}; choose from {known}")
@@ -132,7 +133,8 @@ class DemoSettings(BaseModel):
                         validation_files: dict[str, str] | None = None) -> dict[str, Any]:
         options = {"lr": self.lr, "batch_prompts": self.batch_prompts, "rollouts": self.rollouts,
                    "kl_coef": self.kl_coef, "max_new_tokens": self.max_new_tokens, "eval_files": test_files,
-                   "eval_every": self.eval_every, "eval_samples": self.eval_samples}
+                   "eval_every": self.eval_every, "eval_samples": self.eval_samples,
+                   "stage_eval_files": dict(validation_files or {})}
         if method in ONLINE_METHODS:
             policy = ONLINE_METHODS[method][1]
             online = {"policy": policy, "projection": {"dim": self.projection_dim, "kept_fraction": self.kept_fraction}}
@@ -142,6 +144,18 @@ class DemoSettings(BaseModel):
                 online["p"] = self.iif_p
             options["online_filter"] = online
         return options
+
+
+def known_methods() -> list[str]:
+    """Every selector of the registry, then the CROPI variants and the online filters."""
+    from cropi.selection import SELECTORS
+
+    return [*METHODS, *(s for s in SELECTORS if s not in METHODS), *VARIANTS, *ONLINE_METHODS]
+
+
+def selection_of(method: str) -> str:
+    """The selector a demo method's curriculum uses."""
+    return ONLINE_METHODS[method][0] if method in ONLINE_METHODS else "cropi" if method in VARIANTS else method
 
 
 def _largest(task: Task) -> dict[str, int]:

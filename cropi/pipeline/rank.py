@@ -6,27 +6,22 @@ Rankings live beside the shards, one Parquet file per (checkpoint, spec, pool):
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Literal, Optional
 
 import pyarrow as pa
-import pyarrow.parquet as pq
-from pyarrow.fs import FileSelector, FileType
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
-
-from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS, NAME_PATTERN, POOL, RANKING_META_KEY, SELECTED, Fusion
+from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS, NAME_PATTERN, POOL, SELECTED, Fusion
 from cropi.errors import InvalidInputError, NotFoundError
 from cropi.scoring import Ranking, rank_pool
 from cropi.scoring.diagnostics import selection_mix
-from cropi.store import GradientStore
-from cropi.store import rankings
-from cropi.utils.fsio import atomic_write_bytes, resolve
+from cropi.selection import DEFAULT_SELECTOR, RANKING_SELECTORS, SELECTORS, SelectionInputs, get_selector, select
+from cropi.store import GradientStore, rankings
 
-META_KEY = RANKING_META_KEY
+SelectorName = Literal[SELECTORS]  # type: ignore[valid-type]  # the registry's names, spelled once there
 
 
 class RankRequest(BaseModel):
@@ -41,11 +36,20 @@ class RankRequest(BaseModel):
     fusion: Fusion = Field("rrf", description="how validation sets' ranks are fused")
     select_fraction: float = Field(0.1, gt=0, le=1, description="fraction of the pool selected",
                                    validation_alias=AliasChoices("select_fraction", "top_fraction"))
+    selector: SelectorName = Field(DEFAULT_SELECTOR, description="the rule that picks the selection from the "
+                                   "ranking (cropi.selection): " + ", ".join(SELECTORS))
+    selector_options: dict[str, Any] = Field(default_factory=dict, description="the selector's own options "
+                                             "(each selector's closed options model checks them)")
     spec_id: Optional[str] = Field(None, description="projection spec id, when the checkpoint has several")
     max_validation: int = Field(100, gt=0, description="validation prompts averaged per set")
     seed: int = Field(0, ge=0, description="seed of the validation subsample")
     prompts: Optional[str] = Field(None, description="the pool's prompt file: adds the selection's data-source and "
                                    "answer-label mix, with warnings (cropi.scoring.diagnostics)")
+
+    @model_validator(mode="after")
+    def _selector_options(self) -> "RankRequest":
+        check_selector(self.selector, self.selector_options)
+        return self
 
     def run(self) -> "RankingResult":
         from cropi.data import load_prompts
@@ -53,7 +57,16 @@ class RankRequest(BaseModel):
         labels = pool_labels(load_prompts(self.prompts)) if self.prompts else None
         return rank(self.store, self.name, self.pool, self.validation, fusion=self.fusion,
                     top_fraction=self.select_fraction, spec_id=self.spec_id, max_validation=self.max_validation,
-                    seed=self.seed, labels=labels)
+                    seed=self.seed, labels=labels, selector=self.selector, selector_options=self.selector_options)
+
+
+def check_selector(name: str, options: dict) -> None:
+    """Refuse, before any work, a selector the ranking cannot run or options its model refuses."""
+    selector = get_selector(name)
+    if name not in RANKING_SELECTORS and "pass_rates" not in selector.needs:
+        raise ValueError(f"selector {name!r} does not read the ranking: a ranking's selection is made by one of "
+                         f"{', '.join(RANKING_SELECTORS)} (or a pass-rate control); use a curriculum for {name!r}")
+    selector.parse_options(options)
 
 
 def pool_labels(records) -> dict[str, tuple[str, str]]:
@@ -105,13 +118,15 @@ def find_spec_id(store: str, name: str, spec_id: str | None, split: str) -> str:
 def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str = "rrf",
          top_fraction: float | None = None, spec_id: str | None = None, max_validation: int = 100,
          seed: int = 0, groups: dict | None = None, labels: dict | None = None,
-         replace: str | None = None) -> RankingResult:
+         replace: str | None = None, selector: str = DEFAULT_SELECTOR,
+         selector_options: dict | None = None) -> RankingResult:
     """Rank and persist. ``groups`` (set -> prompt_id -> label) splits validation sets by label
     (``rank_pool``); ``labels`` (pool prompt_id -> (data_source, answer)) adds the selection's
     diagnostics to the ranking's meta under ``selection``. ``replace`` names a split of the same
     checkpoint whose rows stand in for the pool's rows of its prompts (a refresh's recomputed
     gradients, ``cropi.pipeline.score``); that ranking is stored under ``replace``'s name, so the
-    pool's own ranking stays as it was."""
+    pool's own ranking stays as it was. ``selector`` (cropi.selection) picks the ``selected``
+    column; the checkpoint's name salts its random draws, so every stage draws afresh."""
     if not validation:
         raise InvalidInputError("name at least one validation split")
     spec_id = find_spec_id(store, name, spec_id, pool)
@@ -126,13 +141,21 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
         val[v] = (t.prompt_ids, t.vectors, list(t.columns["status"]))
     ranking = rank_pool(pool_t.prompt_ids, pool_t.vectors, list(pool_t.columns["status"]), val,
                         fusion=fusion, max_validation=max_validation, seed=seed, groups=groups)
-    chosen = ranking.select(top_fraction=top_fraction) if top_fraction else []
+    picked = None
+    if top_fraction:
+        rates = dict(zip(pool_t.prompt_ids, pool_t.columns["reward_mean"].tolist()))
+        inputs = SelectionInputs(prompt_ids=pool_t.prompt_ids, fraction=top_fraction, seed=seed, salt=name,
+                                 pass_rates=rates, ranking=ranking, vectors=pool_t.vectors)
+        picked = select(selector, inputs, selector_options)
+    chosen = picked.chosen if picked else []
     selected = set(chosen)
     table = ranking.to_table()
     table = table.append_column(SELECTED, pa.array([p in selected for p in table["prompt_id"].to_pylist()]))
+
     meta = ranking.meta | {"checkpoint": name, "spec_id": spec_id, "pool": pool, "validation": validation,
                            "top_fraction": top_fraction, "excluded": ranking.excluded,
-                           "checkpoint_fingerprint": pool_t.checkpoint.fingerprint, "created": time.time()}
+                           "checkpoint_fingerprint": pool_t.checkpoint.fingerprint, "created": time.time(),
+                           **(picked.record() if picked else {})}
     if replace is not None:
         meta["replaced_by"] = replace
     if groups:
@@ -145,11 +168,6 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
     return RankingResult(ranking, table, meta, ess)
 
 
-def ranking_path(store: str, name: str, spec_id: str, pool: str) -> tuple:
-    fs, base = resolve(store)
-    return fs, f"{base}/rankings/{name}/{spec_id}/{pool}.parquet"
-
-
 def _save(store, name, spec_id, pool, table: pa.Table, meta: dict) -> None:
     rankings.save(store, name, spec_id, pool, table, meta)
 
@@ -157,4 +175,4 @@ def _save(store, name, spec_id, pool, table: pa.Table, meta: dict) -> None:
 def load_ranking(store: str, name: str, *, pool: str | None = None, spec_id: str | None = None) -> RankingResult:
     """The stored ranking of a checkpoint (its only pool and spec unless named), checksum verified."""
     table, meta = rankings.load(store, name, pool=pool, spec_id=spec_id)
-    return RankingResult(Ranking.from_table(table.drop_columns(["selected"]), meta), table, meta)
+    return RankingResult(Ranking.from_table(table.drop_columns([SELECTED]), meta), table, meta)

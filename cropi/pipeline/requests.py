@@ -6,14 +6,14 @@ Torch-free, so the service's HTTP process derives its options from them; the ste
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cropi.contracts import NAME_HELP, NAME_PATTERN, POOL, Fusion, VectorDtype, is_name
 from cropi.generation.options import CollectOptions
 from cropi.gradients.options import LossOptions
-from cropi.pipeline.rank import RankRequest
+from cropi.pipeline.rank import RankRequest, SelectorName, check_selector
 from cropi.projection.spec import ProjectionSpec
 
 _RANK = RankRequest.model_fields  # ranking settings: the rank step's defaults and bounds
@@ -71,6 +71,8 @@ class ScoreRequest(BaseModel):
     select_fraction: float = Field(_RANK["select_fraction"].default, gt=0, le=1,
                                    description=_RANK["select_fraction"].description,
                                    validation_alias=AliasChoices("select_fraction", "top_fraction", "fraction"))
+    selector: SelectorName = _RANK["selector"]
+    selector_options: dict[str, Any] = _RANK["selector_options"]
     max_validation: int = _RANK["max_validation"]
     seed: int = _RANK["seed"]
     gradient_dtype: VectorDtype = Field("float16", description="stored vector dtype",
@@ -81,6 +83,11 @@ class ScoreRequest(BaseModel):
                             "label skew on short-answer tasks; see cropi.scoring.diagnostics)")
 
     _validation_names = field_validator("validation")(classmethod(lambda cls, v: validation_names(v)))
+
+    @model_validator(mode="after")
+    def _selector_options(self) -> "ScoreRequest":
+        check_selector(self.selector, self.selector_options)
+        return self
 
     @property
     def splits(self) -> dict[str, str]:

@@ -32,7 +32,8 @@ from cropi.generation import make_backend
 from cropi.pipeline.collect import CollectJob, collect
 from cropi.pipeline.compute_gradients import GradientJob, compute_gradients
 from cropi.pipeline.progress import Progress, report
-from cropi.pipeline.rank import RankingResult, pool_labels, rank, ranking_path
+from cropi.pipeline.rank import RankingResult, pool_labels, rank
+from cropi.store.rankings import ranking_file
 from cropi.pipeline.refresh import RefreshJob
 from cropi.pipeline.refresh import refresh as run_refresh
 from cropi.pipeline.requests import RefreshOptions, ScoreRequest, ScoreResult, store_path
@@ -68,7 +69,7 @@ def _score(request: ScoreRequest, root: str | Path, progress: Progress, refresh:
         replace, refreshed = _refresh(request, root, name, refresh, progress)
         if replace is not None:
             result = _rank(request, root, name, replace)
-    _, path = ranking_path(store_path(root), name, request.projection.spec_id, replace or POOL)
+    _, path = ranking_file(store_path(root), name, request.projection.spec_id, replace or POOL)
     return ScoreResult(name=name, spec_id=request.projection.spec_id, trajectories=trajectories, computed=computed,
                        excluded=result.excluded, ranked=int((result.ranking.rank > 0).sum()),
                        selected=selected_ids(result), ranking=path, diagnostics=result.meta.get("selection", {}),
@@ -81,7 +82,8 @@ def _rank(request: ScoreRequest, root: str | Path, name: str, replace: str | Non
     return rank(store_path(root), name, POOL, list(request.validation), fusion=request.fusion,
                 top_fraction=request.select_fraction, spec_id=request.projection.spec_id,
                 max_validation=request.max_validation, seed=request.seed, groups=groups,
-                labels=pool_labels(load_prompts(request.pool)), replace=replace)
+                labels=pool_labels(load_prompts(request.pool)), replace=replace, selector=request.selector,
+                selector_options=request.selector_options)
 
 
 def _refresh(request: ScoreRequest, root: str | Path, name: str, options: RefreshOptions,

@@ -53,6 +53,9 @@ class LeanOptions(GrpoOptions):
     eval_files: dict[str, str] = Field(default_factory=dict, description="eval split name -> prompt file")
     eval_every: int = Field(10, ge=1, description="global steps between evaluations (and at each stage end)")
     eval_samples: int = Field(4, ge=0, description="k of the sampled mean@k (0: greedy only)")
+    stage_eval_files: dict[str, str] = Field(default_factory=dict, description="split name -> prompt file read at "
+                                             "step 0 and at every stage's end only (the validation sets: what a "
+                                             "stage did to its targets, without reading the test splits)")
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     online_filter: OnlineFilterOptions = Field(default_factory=OnlineFilterOptions,
                                                description="I-PPO / IIF filter between rollout and update")
@@ -111,6 +114,7 @@ class _Run:
             raise InvalidInputError(f"{subset} has {len(self.prompts)} prompts but a step takes batch_prompts="
                                     f"{opts.batch_prompts}: lower batch_prompts or select more prompts")
         self.evals = _eval_sets(opts.eval_files, self.tokenizer)
+        self.stage_evals = _eval_sets(opts.stage_eval_files, self.tokenizer)
         self.sampler = HFBackend.from_model(self.policy, self.tokenizer,
                                             stop_token_ids(self.model_path, self.tokenizer))
         self.optimizer = adamw(self.policy, lr=opts.lr, weight_decay=opts.weight_decay,
@@ -157,6 +161,8 @@ class _Run:
         t1 = time.monotonic()
         rewards = [r or 0.0 for p, g in zip(batch, groups)
                    for r in score_responses(self.reward_fn, [s.text for s in g], p["answer"])]
+        n = opts.rollouts  # what the trainer saw of each prompt: free evidence for the next stage's selector
+        observed = {p["id"]: sum(rewards[i * n:(i + 1) * n]) / n for i, p in enumerate(batch)}
         adv = group_advantages(torch.tensor(rewards), opts.rollouts)
         zero_groups = float((adv.reshape(-1, opts.rollouts).abs().sum(1) == 0).float().mean())
         seqs = [(p["ids"], s.token_ids) for p, g in zip(batch, groups) for s in g]
@@ -171,14 +177,14 @@ class _Run:
         t2 = time.monotonic()
         stats = self._update(seqs, adv)
         row = {"stage": self.stage, "step": step, "reward_mean": sum(rewards) / len(rewards),
-               "zero_advantage_groups": zero_groups,
+               "zero_advantage_groups": zero_groups, "prompt_rewards": observed,
                "sample_s": t1 - t0, "update_s": time.monotonic() - t2, **filtered, **stats,
                "step_s": time.monotonic() - t0}
         if stop:
             row["early_stop"] = True
         self._log(row)
         if step % opts.eval_every == 0 or last or stop:
-            self.evaluate(step)
+            self.evaluate(step, stage_end=last or stop)
         return stop
 
     def _update(self, seqs: list[tuple[list[int], list[int]]], adv) -> dict:
@@ -204,8 +210,10 @@ class _Run:
         self.optimizer.step()
         return {"loss": float(loss.detach()), "grad_norm": float(norm), **stats}
 
-    def evaluate(self, step: int) -> None:
-        if not self.evals:
+    def evaluate(self, step: int, *, stage_end: bool = True) -> None:
+        """The eval files at ``step``; the stage-eval files too at step 0 and at a stage's end."""
+        sets = dict(self.evals) | (self.stage_evals if stage_end else {})
+        if not sets:
             return
         from cropi.generation.evaluate import evaluate_policy
 
@@ -213,8 +221,12 @@ class _Run:
         t0 = time.monotonic()
         results = {name: evaluate_policy(self.sampler, data, self.reward_fn, samples=self.opts.eval_samples,
                                          max_new_tokens=self.opts.max_new_tokens, seed=step)
-                   for name, data in self.evals.items()}
-        self._log({"stage": self.stage, "step": step, "eval": results, "eval_s": time.monotonic() - t0})
+                   for name, data in sets.items()}
+        row = {"stage": self.stage, "step": step, "eval": {k: v for k, v in results.items() if k in self.evals},
+               "eval_s": time.monotonic() - t0}
+        if stage_end and self.stage_evals:
+            row["stage_eval"] = {k: v for k, v in results.items() if k in self.stage_evals}
+        self._log(row)
 
     def finish(self, runtime: float) -> StageResult:
         from cropi.trainers.carry import save_stage

@@ -14,7 +14,8 @@ from typing import Any, Hashable, Protocol
 from cropi.contracts import POOL
 from cropi.data import load_prompts
 from cropi.errors import InvalidInputError, NotFoundError
-from cropi.pipeline.rank import RankingResult, load_ranking, ranking_path
+from cropi.pipeline.rank import RankingResult, load_ranking
+from cropi.store.rankings import ranking_file
 from cropi.pipeline.requests import store_path
 from cropi.store import GradientStore, GradientTable, PartCache, SplitReader
 
@@ -81,7 +82,7 @@ class CropiLibrary:
         return spec_id(projection)
 
     def ranking_version(self, name: str, spec_id: str) -> Hashable | None:
-        _, path = ranking_path(self.store, name, spec_id, POOL)
+        _, path = ranking_file(self.store, name, spec_id, POOL)
         return file_stamp(path)
 
     def ranking(self, name: str, spec_id: str) -> RankingResult:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, Optional, get_args
+from typing import Any, Literal, Optional
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -12,12 +12,13 @@ from cropi.contracts import NAME_HELP, Fusion, VectorDtype, is_name
 from cropi.errors import InvalidInputError
 from cropi.generation import CollectOptions
 from cropi.gradients import LossOptions
+from cropi.pipeline.rank import SelectorName
 from cropi.pipeline.requests import RefreshOptions, ScoreRequest, validation_names
+from cropi.selection import RANKING_SELECTORS, SELECTORS, get_selector
 from cropi.projection import ProjectionSpec
 from cropi.utils.hashing import short_hash
 
-Method = Literal["cropi", "full", "random", "pass_rate", "informative", "oracle"]
-METHODS = get_args(Method)
+METHODS = SELECTORS  # a curriculum's method is a selector of the registry
 MAX_STAGES = 1000
 _REQUEST = ScoreRequest.model_fields  # the scoring settings share the score step's defaults and bounds
 
@@ -27,7 +28,8 @@ class CurriculumConfigError(InvalidInputError):
 
 
 class CurriculumConfig(BaseModel):
-    """One staged curriculum. ``fraction`` and ``spec`` are accepted for ``select_fraction`` and ``projection``.
+    """One staged curriculum. ``fraction`` and ``spec`` are accepted for ``select_fraction`` and ``projection``,
+    ``method`` for ``selector``.
 
     ``reward`` is the curriculum's one reward: trajectories are collected and the trainer
     trains with it (``collect.reward`` is set from it).
@@ -43,7 +45,9 @@ class CurriculumConfig(BaseModel):
     select_fraction: float = Field(0.1, gt=0, le=1, validation_alias=AliasChoices("select_fraction", "fraction",
                                                                                   "top_fraction"))
     steps_per_stage: int = Field(10, ge=1)
-    method: Method = "cropi"
+    selector: SelectorName = Field("cropi", validation_alias=AliasChoices("selector", "method"),
+                                   description="the stage subset's rule (cropi.selection): " + ", ".join(SELECTORS))
+    selector_options: dict[str, Any] = _REQUEST["selector_options"]
     trainer: str = "trl"
     trainer_options: dict[str, Any] = Field(default_factory=dict)
     seed: int = Field(0, ge=0)
@@ -73,15 +77,27 @@ class CurriculumConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "CurriculumConfig":
-        if self.method == "cropi" and not self.validation:
-            raise ValueError("method 'cropi' ranks the pool against validation sets: give at least one "
+        if (self.ranks or "validation" in get_selector(self.selector).needs) and not self.validation:
+            raise ValueError(f"selector {self.selector!r} reads the validation sets: give at least one "
                              "under 'validation' (split name -> prompt file)")
-        if self.refresh is not None and (self.method != "cropi" or self.recollect_each_stage):
+        get_selector(self.selector).parse_options(self.selector_options)
+        if self.refresh is not None and (not self.ranks or self.recollect_each_stage):
             raise ValueError("'refresh' re-collects part of the pool that CROPI reuses from the initial model: it "
-                             "needs method 'cropi' and recollect_each_stage false (which re-collects all of it)")
+                             f"needs a ranking selector ({', '.join(RANKING_SELECTORS)}) and recollect_each_stage "
+                             "false (which re-collects all of it)")
         if self.collect.reward != self.reward:  # one reward: collection follows the curriculum's
             object.__setattr__(self, "collect", self.collect.model_copy(update={"reward": self.reward}))
         return self
+
+    @property
+    def method(self) -> str:
+        """The selector's name (the field's name before selectors were one registry)."""
+        return self.selector
+
+    @property
+    def ranks(self) -> bool:
+        """Whether the selector reads the influence ranking (then every stage is scored at theta_m)."""
+        return self.selector in RANKING_SELECTORS
 
     @classmethod
     def from_file(cls, path: str | Path) -> "CurriculumConfig":
@@ -120,6 +136,9 @@ class CurriculumConfig(BaseModel):
         no ``collect.reward``), so curricula started before the options were unified resume.
         """
         doc = self.model_dump(mode="json", exclude={"stages"})
+        doc["method"] = doc.pop("selector")  # the key's name before the selector registry
+        if not doc["selector_options"]:
+            doc.pop("selector_options")  # added later: curricula started before it keep their key
         doc["loss"] = self.loss.recorded()  # CROPI's estimator as before the choice existed
         doc["projection"] = self.projection.recorded()  # no factor fields unless the kind is factored
         if doc["refresh"] is None:
@@ -134,8 +153,10 @@ class CurriculumConfig(BaseModel):
     def score_request(self, model: str, behavior: str) -> ScoreRequest:
         """The score step's request for ``model`` over ``behavior``'s trajectories: the pool, and
         for CROPI the validation sets (the pass-rate baseline needs the pool's trajectories only)."""
-        validation = self.validation if self.method == "cropi" else {}
-        return ScoreRequest(model=model, behavior=behavior, pool=self.pool, validation=validation, projection=self.projection, loss=self.loss, collect=self.collect,
+        validation = self.validation if self.ranks else {}
+        selector = dict(selector=self.selector, selector_options=self.selector_options) if self.ranks else {}
+        return ScoreRequest(model=model, behavior=behavior, pool=self.pool, validation=validation,
+                            projection=self.projection, loss=self.loss, collect=self.collect, **selector,
                             fusion=self.fusion, select_fraction=self.select_fraction,
                             max_validation=self.max_validation, seed=self.seed, gradient_dtype=self.gradient_dtype,
                             device=self.device, validation_groups=self.validation_groups)

@@ -96,5 +96,5 @@ def summary(doc: dict, stages: int | None = None) -> dict:
                      "score_s": s.get("scored", {}).get("seconds"), "selection": selected.get("diagnostics"),
                      "refreshed": s.get("scored", {}).get("refreshed")})
     done = [r for r in rows if r["checkpoint"]]
-    return {"name": doc["name"], "method": doc["config"]["method"], "finished": bool(doc.get("finished")),
+    return {"name": doc["name"], "method": doc["config"].get("selector", doc["config"].get("method")), "finished": bool(doc.get("finished")),
             "stages": rows, "final_checkpoint": done[-1]["checkpoint"] if done else None}

@@ -1,14 +1,14 @@
 """The three steps of a curriculum stage: score ``theta_m``, select the stage subset, train.
 
-1. score:  CROPI: the score step (``cropi.pipeline.score``) at ``theta_m`` over the
-           behavior policy's trajectories: gradients of the pool and the validation
-           sets, the fused ranking and its selection, stored once in the store (with
-           ``refresh``, part of the pool re-collected at ``theta_m`` first).
-           ``pass_rate``: ``p (1 - p)`` per pool prompt from the trajectories; ``informative``:
-           a random fraction of the prompts whose offline rewards are mixed.
-           ``random`` / ``full``: nothing to score.
-2. select: the stage subset (the ranking's selection, a random fraction, or the whole
-           pool), written as verl RLVR parquet.
+1. score:  a selector that reads the ranking (``cropi``, ``positive``, ``diverse``): the score
+           step (``cropi.pipeline.score``) at ``theta_m`` over the behavior policy's
+           trajectories: gradients of the pool and the validation sets, the fused ranking
+           and the selector's selection, stored once in the store (with ``refresh``, part of
+           the pool re-collected at ``theta_m`` first). ``pass_rate`` / ``informative``: the
+           pool's offline pass rates and their selection. ``full`` / ``random`` / ``oracle``:
+           nothing to score.
+2. select: the stage subset (``cropi.selection``: the one registry of selectors), written
+           as verl RLVR parquet.
 3. train:  the trainer trains ``theta_m`` on the subset; its checkpoint is ``theta_{m+1}``.
 """
 
@@ -26,13 +26,13 @@ import pyarrow.parquet as pq
 from cropi.contracts import POOL
 from cropi.data import PromptRecord, load_prompts, write_verl_parquet
 from cropi.errors import InvalidInputError
-from cropi.pipeline import baselines
 from cropi.pipeline.curriculum.config import MAX_STAGES, CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumPaths
 from cropi.pipeline.rank import pool_labels
 from cropi.scoring.diagnostics import selection_mix
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.score import ensure_trajectories, score_checkpoint
+from cropi.selection import SelectionInputs, get_selector, pass_rate_score, pass_rates, select
 from cropi.store import TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.fsio import atomic_write_bytes, resolve, write_json_atomic
@@ -47,39 +47,35 @@ class StageScore:
 
 
 def score(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, progress: Progress) -> StageScore:
-    if config.method in ("full", "random", "oracle"):
+    needs = get_selector(config.selector).needs
+    if not config.ranks and "pass_rates" not in needs:  # full, random, oracle: nothing to score
         return StageScore({"model": model, "ranking": None}, None)
     behavior = model if config.recollect_each_stage else str(Path(config.model).resolve())
     request = config.score_request(model, behavior)
-    if config.method in ("pass_rate", "informative"):
+    if not config.ranks:  # the pass-rate controls read theta_0's offline rewards only
         trajectories = ensure_trajectories(request, paths.root, progress)
         rates = _pass_rates(trajectories[POOL])
-        out = paths.stage(m) / "ranking.parquet"  # the pass rates: these methods' only record of their scores
+        out = paths.stage(m) / "ranking.parquet"  # the pass rates: these selectors' only record of their scores
         _write_table(out, _pass_rate_table(rates))
-        if config.method == "pass_rate":
-            chosen = baselines.select_pass_rate(_pool_ids(config), rates, config.select_fraction, seed=config.seed)
-        else:
-            chosen = baselines.select_informative(_pool_ids(config), rates, config.select_fraction, seed=config.seed,
-                                                  stage=m)
-        return StageScore({"model": model, "behavior": behavior, "ranking": str(out),
-                           "trajectories": trajectories}, chosen)
+        picked = select(config.selector, _inputs(config, m, pass_rates=rates), config.selector_options)
+        return StageScore({"model": model, "behavior": behavior, "ranking": str(out), "trajectories": trajectories,
+                           **picked.record()}, picked.chosen)
     result = score_checkpoint(request, root=paths.root, progress=progress, refresh=config.refresh)
     record = {"model": model, "behavior": behavior, "ranking": result.ranking, "checkpoint": result.name,
-              "spec_id": result.spec_id, "trajectories": result.trajectories}
+              "spec_id": result.spec_id, "trajectories": result.trajectories, "selector": config.selector,
+              "selector_options": config.selector_options}
     if result.refreshed is not None:
         record["refreshed"] = len(result.refreshed)
     return StageScore(record, result.selected)
 
 
-def select(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool: dict[str, PromptRecord],
-           chosen: Optional[list[str]]) -> dict:
-    """Write the stage subset: ``chosen`` (best first), or the method's own draw."""
-    if config.method == "full":
-        chosen = baselines.select_full(list(pool))
-    elif config.method == "random":
-        chosen = baselines.select_random(list(pool), config.select_fraction, seed=config.seed, stage=m)
-    elif config.method == "oracle":
-        chosen = baselines.select_oracle(pool, [r for path in config.validation.values() for r in load_prompts(path)])
+def select_stage(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool: dict[str, PromptRecord],
+                 chosen: Optional[list[str]]) -> dict:
+    """Write the stage subset: ``chosen`` (best first), or the selector's own draw."""
+    if chosen is None:
+        validation = [r for path in config.validation.values() for r in load_prompts(path)]
+        chosen = select(config.selector, _inputs(config, m, records=pool, validation=validation),
+                        config.selector_options).chosen
     if not chosen:
         raise InvalidInputError(f"stage {m} of {config.name!r} selected no prompts: every pool prompt was "
                                 "excluded (see the ranking's status counts); check the trajectories' rewards")
@@ -116,21 +112,21 @@ def stage_seed(seed: int, m: int) -> int:
     return seed * MAX_STAGES + m
 
 
-def _pool_ids(config: CurriculumConfig) -> list[str]:
-    from cropi.data import load_prompts
-
-    return [r.prompt_id for r in load_prompts(config.pool)]
+def _inputs(config: CurriculumConfig, m: int, **known) -> SelectionInputs:
+    """What a selector may know at stage ``m`` beyond the ranking: the stage index salts its draws."""
+    ids = [r.prompt_id for r in load_prompts(config.pool)]
+    return SelectionInputs(prompt_ids=ids, fraction=config.select_fraction, seed=config.seed, salt=str(m), **known)
 
 
 def _pass_rates(trajectories: str) -> dict[str, float]:
     store = TrajectoryStore.open(trajectories)
-    return baselines.pass_rates((t.prompt_id, t.rewards) for t in store.iter_prompts())
+    return pass_rates((t.prompt_id, t.rewards) for t in store.iter_prompts())
 
 
 def _pass_rate_table(rates: dict[str, float]) -> pa.Table:
     ids = sorted(rates)
     return pa.table({"prompt_id": ids, "pass_rate": [rates[p] for p in ids],
-                     "score": [baselines.pass_rate_score(rates[p]) for p in ids]})
+                     "score": [pass_rate_score(rates[p]) for p in ids]})
 
 
 def _write_table(path: Path, table: pa.Table) -> None:

@@ -1,0 +1,23 @@
+"""Selection: one registry of selectors (name -> rule with its closed options), every door's one way
+to turn a checkpoint's scores into a stage subset (cropi.selection.base has what they may know)."""
+
+from cropi.selection import controls, influence  # noqa: F401  (registers the selectors)
+from cropi.selection.base import (REGISTRY, NoOptions, Selection, SelectionInputs, Selector, fraction_count,
+                                  get_selector)
+from cropi.selection.controls import pass_rate_score, pass_rates
+
+SELECTORS = tuple(REGISTRY)
+DEFAULT_SELECTOR = "cropi"
+# Selectors computed beside the influence ranking (by the score step), the others from theta_0's trajectories.
+RANKING_SELECTORS = tuple(n for n, s in REGISTRY.items() if "ranking" in s.needs)
+
+
+def select(name: str, inputs: SelectionInputs, options=None) -> Selection:
+    """The subset selector ``name`` picks from ``inputs``, with what picked it."""
+    selector = get_selector(name)
+    opts = selector.parse_options(options)
+    return Selection(name, opts.model_dump(mode="json"), selector.select(inputs, opts))
+
+
+__all__ = ["DEFAULT_SELECTOR", "RANKING_SELECTORS", "REGISTRY", "SELECTORS", "NoOptions", "Selection",
+           "SelectionInputs", "Selector", "fraction_count", "get_selector", "pass_rate_score", "pass_rates", "select"]
