@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="a demo setting other than its default (lr, stages, kl_coef, batch_prompts, ...)")
     a = p.parse_args(argv)
-    init_worker()
+    init_worker()  # the demo's thread policy, as in `cropi demo`'s workers: the same model and numbers
     scan = json.loads(Path(a.scan).read_text())
     in_range = scan["snapshots"][-1]["qualifying"]
     given = dict(item.split("=", 1) for item in a.set)

@@ -88,6 +88,8 @@ def place_model(out_dir: str | Path, task: Task, *, warm_start_now: bool = False
     if log:
         log(f"warm-starting the {task.name!r} task's initial model from its recipe "
             f"({'as asked' if warm_start_now else 'no shipped model'})")
+    # warm_start runs at TORCH_THREADS whatever this process's count (the demo places the model in its
+    # main process, before any worker starts): the same model as build_assets and the probe benchmark build
     build_model(out, task, log=log)
     return out
 

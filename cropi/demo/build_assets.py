@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scan", action="store_true", help="find stop_at: evaluate a snapshot every 100 steps")
     p.add_argument("--scan-out", help="JSON file for the scan's snapshots")
     a = p.parse_args(argv)
-    import torch
+    from cropi.demo.work import init_worker
 
-    torch.set_num_threads(1)  # deterministic, and the fastest for a model this small
+    init_worker()  # the demo's thread policy: the evaluations below count what `cropi demo` would measure
     task = load_task(a.task)
     config = recipe(task, **({"stop_at": a.stop_at} if a.stop_at is not None else {}))
     if a.scan:

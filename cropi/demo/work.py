@@ -14,13 +14,20 @@ from pathlib import Path
 from cropi.demo.log import LogProgress, say
 
 
-def init_worker(threads: int = 1) -> None:
-    """One torch thread per process (the tiny model gains nothing from more), quiet libraries."""
+def init_worker() -> None:
+    """The demo's thread policy in this process, quiet libraries.
+
+    Every demo phase (collection, scoring, training, evaluation) runs at the one thread count every
+    model build runs at (``cropi.models.warmstart.TORCH_THREADS``), in a worker process or inline
+    alike, so one worker or two and any machine core count give the same numbers: a float32
+    reduction split over more threads adds in another order."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
     import transformers
 
-    torch.set_num_threads(threads)
+    from cropi.models.warmstart import TORCH_THREADS
+
+    torch.set_num_threads(TORCH_THREADS)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
 

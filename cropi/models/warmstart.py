@@ -11,10 +11,20 @@ Plain torch: teacher-forced cross-entropy on the response tokens only (the
 prompt is rendered through the chat template exactly as generation renders it),
 AdamW with a linear warm-up and cosine decay. Deterministic in ``seed``: the
 model, the tokenizer, the batch order and the updates all derive from it.
+
+Thread policy: a build always runs at ``TORCH_THREADS`` torch threads, whatever the
+caller's process was set to (restored afterwards). A float32 reduction split over two
+threads adds in another order than over one, so a model trained at the machine's core
+count differs in its last bits from one trained at 1 thread, and after hundreds of
+steps in its sampled accuracy too: the recipe, not the launcher, must decide the model.
+The instruction set torch dispatches to (``ATEN_CPU_CAPABILITY``) changes the bits as
+well and cannot be changed inside a running process: see docs/demo.md, "What is
+reproducible across machines".
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -28,6 +38,10 @@ from cropi.data.records import PromptRecord, as_messages
 from cropi.errors import InvalidInputError
 from cropi.models import build_tiny_model, load_causal_lm, load_tokenizer
 from cropi.models.tiny import IM_END, IM_START, default_corpus
+
+# The one thread count of every model build and every demo phase (cropi.demo.work.init_worker): one
+# thread is also the fastest for models this small, where thread start-up outweighs the arithmetic.
+TORCH_THREADS = 1
 Log = Callable[[str], None]
 Answer = Callable[[PromptRecord], str]  # the response the warm start teaches for a record
 Snapshot = Callable[[int, object, object], bool]  # (steps done, model in eval mode, tokenizer) -> stop here
@@ -66,6 +80,27 @@ class WarmStartConfig:
             raise WarmStartError(f"lr must be > 0, got {self.lr}")
 
 
+@contextlib.contextmanager
+def torch_threads(n: int = TORCH_THREADS):
+    """Run the block at ``n`` torch threads (intra-op, which also sets MKL's), then give the caller
+    back its own count."""
+    if n < 1:
+        raise WarmStartError(f"torch threads must be >= 1, got {n}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def numerics() -> dict:
+    """What decides a build's bits besides its recipe: recorded beside the model, as a rebuild
+    is byte-identical only where these agree (docs/demo.md, "What is reproducible across machines")."""
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability().lower(),
+            "torch_threads": TORCH_THREADS}
+
+
 def task_corpus(records: Sequence[PromptRecord], seed: int, answer: Answer = _answer) -> Iterator[str]:
     """Text the tokenizer is trained on: the builder's default corpus plus chat-formatted task dialogues,
     so the task's words become single tokens and sequences stay short."""
@@ -86,6 +121,7 @@ def warm_start(out_dir: str | Path, records: Sequence[PromptRecord], config: War
     called every ``snapshot_every`` steps with the model (in eval mode, under no_grad), as
     the design criteria pick the stopping step; it must not change the model, and training
     stops there when it returns True (the model saved is then the one it saw).
+    Runs at ``TORCH_THREADS`` threads whatever the caller's setting (the module's thread policy).
     """
     config.check()
     if not records:
@@ -93,18 +129,20 @@ def warm_start(out_dir: str | Path, records: Sequence[PromptRecord], config: War
     say = log or (lambda _msg: None)
     out = Path(out_dir)
     started = time.perf_counter()
-    build_tiny_model(out, size=config.size, seed=config.seed, corpus=task_corpus(records, config.seed, answer))
-    tokenizer = load_tokenizer(out)
-    examples = [encode_example(tokenizer, r, answer) for r in records]
-    model = load_causal_lm(out).train()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        watch = None if snapshot is None else (snapshot_every, lambda step: snapshot(step, model, tokenizer))
-        losses = _train(model, examples, config, tokenizer.pad_token_id, say, watch)
-    model.eval()
-    model.save_pretrained(out, safe_serialization=True)
+    with torch_threads():
+        build_tiny_model(out, size=config.size, seed=config.seed, corpus=task_corpus(records, config.seed, answer))
+        tokenizer = load_tokenizer(out)
+        examples = [encode_example(tokenizer, r, answer) for r in records]
+        model = load_causal_lm(out).train()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            watch = None if snapshot is None else (snapshot_every, lambda step: snapshot(step, model, tokenizer))
+            losses = _train(model, examples, config, tokenizer.pad_token_id, say, watch)
+        model.eval()
+        model.save_pretrained(out, safe_serialization=True)
     summary = {"steps": len(losses), "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:]),
-               "examples": len(examples), "seconds": round(time.perf_counter() - started, 2)}
+               "examples": len(examples), "seconds": round(time.perf_counter() - started, 2),
+               "numerics": numerics()}
     say(f"warm-start: {len(losses)} steps, loss {summary['loss_first']:.3f} -> {summary['loss_last']:.3f}, "
         f"{summary['seconds']:.1f}s")
     return summary
