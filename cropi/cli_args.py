@@ -17,22 +17,6 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from cropi.projection.spec import DEFAULT_FACTOR
-
-# Fields whose model gives no description (models of other layers): one line each.
-FALLBACK_HELP = {
-    "kind": "projection: sjlt (sparse), gaussian, rademacher, identity or factored (per-layer blocks, batched)",
-    "factor_in": f"projection: the factored kind's per-layer input size (unset: {DEFAULT_FACTOR})",
-    "factor_out": f"projection: the factored kind's per-layer output size (unset: {DEFAULT_FACTOR})",
-    "seed": "projection: seeds every hash",
-    "dim": "projection: k, the vector length",
-    "kept_fraction": "projection: expected fraction r of gradient coordinates kept",
-    "nnz": "projection: nonzeros per kept coordinate (sjlt)",
-    "include": "projection: regex, only parameters whose name matches",
-    "exclude": "projection: regex, skip parameters whose name matches",
-    "identity_limit": "projection: most coordinates an identity projection emits",
-}
-
 
 def add_model_args(parser, model: type[BaseModel], *, rename: dict[str, str] | None = None,
                    skip: tuple[str, ...] = (), prefix: tuple[str, ...] = ()) -> None:
@@ -57,7 +41,7 @@ def add_model_args(parser, model: type[BaseModel], *, rename: dict[str, str] | N
         if "choices" in kwargs or "action" in kwargs and kwargs["action"] is argparse.BooleanOptionalAction:
             kwargs.pop("metavar")
         required = field.is_required()
-        help_text = field.description or FALLBACK_HELP.get(name, name.replace("_", " "))
+        help_text = field.description or name.replace("_", " ")  # the model spells each help once
         if not required:
             help_text += f" (default: {_default(field)})"
         parser.add_argument(*(f"--{f}" for f in flags), dest=dotted, default=argparse.SUPPRESS,

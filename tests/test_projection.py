@@ -170,6 +170,23 @@ def test_spec_id_stable_and_sensitive_to_every_field():
     assert ident.dim is None and ProjectionSpec(kind="identity", dim=None).spec_id == ident.spec_id
 
 
+def test_every_spec_field_is_described_once_for_the_cli_and_the_service():
+    """The help of each field is the model's description: the CLI's flag and the service's schema show it."""
+    import argparse
+
+    from cropi.cli_args import add_model_args
+    from cropi_service.options.caller import Projection
+
+    described = {name: f.description for name, f in ProjectionSpec.model_fields.items()}
+    assert all(described.values()), [n for n, d in described.items() if not d]
+    parser = argparse.ArgumentParser()
+    add_model_args(parser, ProjectionSpec)
+    helps = {a.dest: a.help for a in parser._actions if a.dest in described}
+    assert set(helps) == set(described) and all(helps[n].startswith(described[n]) for n in described)
+    schema = Projection.model_json_schema()["properties"]
+    assert {n: schema[n].get("description") for n in described} == described
+
+
 def test_spec_record_round_trip_and_tamper_detection():
     spec = ProjectionSpec(kind="rademacher", dim=128, seed=4)
     record = spec.model_dump() | {"spec_id": spec.spec_id}

@@ -39,7 +39,7 @@ import math
 import re
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cropi.errors import MismatchError
 
@@ -60,16 +60,26 @@ class ProjectionSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["sjlt", "gaussian", "rademacher", "identity", "factored"] = "sjlt"
-    dim: int | None = DEFAULT_DIM
-    kept_fraction: float = 0.1
-    seed: int = 0
-    nnz: int = 4
-    include: str | None = None
-    exclude: str | None = None
-    identity_limit: int = 2**24
-    factor_in: int | None = None
-    factor_out: int | None = None
+    # The descriptions are the one spelling of each field's help: the CLI's flags (cropi/cli_args.py) and
+    # the service's schema (its caller model is derived from this one) both show them.
+    kind: Literal["sjlt", "gaussian", "rademacher", "identity", "factored"] = Field(
+        "sjlt", description="projection kind: sjlt (sparse count-sketch), gaussian (dense N(0, 1/k)), rademacher "
+        "(dense +-1/sqrt(k)), identity (the kept coordinates, unmixed) or factored (per-layer blocks, batched)")
+    dim: int | None = Field(DEFAULT_DIM, description="k, the projected vector's length (derived for the identity "
+                            "and factored kinds: leave it unset there)")
+    kept_fraction: float = Field(0.1, description="expected fraction r of gradient coordinates kept, each by its "
+                                 "own hashed draw (so the exact count varies); 1 for the factored kind")
+    seed: int = Field(0, description="seeds every hash of the projection (which coordinates, which signs)")
+    nnz: int = Field(4, description="nonzeros per kept coordinate (sjlt only; the other kinds ignore it, "
+                     "though it still enters spec_id)")
+    include: str | None = Field(None, description="regular expression (re.search on parameter names): only "
+                                "parameters that match are projected")
+    exclude: str | None = Field(None, description="regular expression: parameters that match are not projected")
+    identity_limit: int = Field(2**24, description="the most coordinates an identity projection emits")
+    factor_in: int | None = Field(None, description="the factored kind's per-layer input size (unset: "
+                                  f"{DEFAULT_FACTOR}; None for every other kind)")
+    factor_out: int | None = Field(None, description="the factored kind's per-layer output size (unset: "
+                                   f"{DEFAULT_FACTOR}; None for every other kind)")
 
     @model_validator(mode="before")
     @classmethod
