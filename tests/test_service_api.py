@@ -477,7 +477,7 @@ def test_metrics_count_requests_jobs_and_prompts(env):
 
 
 def test_the_cache_loads_once_under_concurrency():
-    cache: VersionedCache[int] = VersionedCache(2)
+    cache: VersionedCache[int] = VersionedCache(2, lambda v: 1)  # a byte each: two entries fit
     calls = []
 
     def load():

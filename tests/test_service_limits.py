@@ -63,7 +63,7 @@ def test_batches_beyond_the_heavy_slots_wait_then_get_429_while_single_lookups_g
         env = Env(tmp_path, client, fake)
         ck = _ready(env)
         svc = app.state.service
-        assert svc._heavy.acquire()  # one batch being served
+        assert svc.heavy.try_acquire()  # one batch being served
         try:
             t = time.monotonic()
             r = env.post(f"/v1/checkpoints/{ck}/gradients:batch", json={"prompt_ids": ["p01", "p02"]})
@@ -71,7 +71,7 @@ def test_batches_beyond_the_heavy_slots_wait_then_get_429_while_single_lookups_g
             assert time.monotonic() - t >= 0.2 and "heavy_requests" in r.json()["error"]["message"]
             assert env.get(f"/v1/checkpoints/{ck}/gradients/p01").status_code == 200
         finally:
-            svc._heavy.release()
+            svc.heavy.release()
         r = env.post(f"/v1/checkpoints/{ck}/gradients:batch", json={"prompt_ids": ["p01", "p02"]})
         assert r.status_code == 200
 

@@ -22,7 +22,7 @@ from ..domain.service import Service
 from ..jobs.runner import Runner
 from ..jobs.table import JobStore
 from .metrics import Metrics
-from .middleware import AccessLog, BearerAuth, BodyLimit, HotPaths
+from .middleware import AccessLog, AnswerFlow, BearerAuth, BodyLimit, HotPaths
 from .routes import HOT_READS, router
 
 log = logging.getLogger(__name__)
@@ -113,9 +113,11 @@ def create_app(settings: ServiceSettings, *, library: Library | None = None, kin
     app.state.metrics = Metrics(jobs.counts, jobs.prompts_scored)
     app.include_router(router)
     install_error_handlers(app)
-    # outermost first: log and time everything, then auth, then the body limit, then the in-memory hot reads
+    # outermost first: log and time everything, then auth, then the memory of answers in flight (by
+    # caller: after auth), then the body limit, then the in-memory hot reads
     app.add_middleware(HotPaths, service=svc, routes=app.routes, readers=HOT_READS, enabled=settings.fast_path)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, stall_s=settings.stall_timeout_s)
+    app.add_middleware(AnswerFlow, ledger=svc.answers)
     app.add_middleware(BearerAuth, token=settings.token)
     app.add_middleware(AccessLog, metrics=app.state.metrics)
     return app

@@ -1,7 +1,9 @@
-"""ASGI middleware: request log and metrics, bearer-token auth, request body size limit, the hot reads."""
+"""ASGI middleware: request log and metrics, bearer-token auth, the memory of answers in flight, request
+body size limit, the hot reads."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -15,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from starlette.datastructures import Headers, QueryParams
 from starlette.routing import Match
 
-from ..base.errors import BodyTooLargeError, UnauthorizedError
+from ..base.errors import BodyTooLargeError, BusyError, StalledRequestError, UnauthorizedError
+from ..domain.flight import AnswerLedger, Reservation
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -100,14 +103,81 @@ class BearerAuth:
         await send_error(send, err.http_status, err.code, str(err), [(b"www-authenticate", b"Bearer")])
 
 
+HELD = "answer_reservation"  # where a route leaves its answer's reservation in the request's state
+# An answer goes to the connection this much at a time, each piece after the connection took the last
+# (the server's send waits while the transport's buffer is over its high-water mark, 64 KiB): a client
+# that reads nothing holds at most a piece and the buffer in the transport, and the rest of its answer
+# stays here, counted, until the connection is closed.
+SEND_PIECE = 1 << 16
+
+
+def hold_answer(scope: Scope, reservation: Reservation) -> None:
+    """Leave ``reservation`` for ``AnswerFlow``, which keeps it until the answer is sent, then releases it."""
+    scope.setdefault("state", {})[HELD] = reservation
+
+
+class AnswerFlow:
+    """Bounds the memory of answers in flight (issue 26, W1: 24 clients that sent a 10k-id Arrow batch
+    and never read the answer held 1.3 GB, freed only when they disconnected).
+
+    - A request is refused (429 for its caller, 503 for the server, with Retry-After) while the
+      answers of its caller, or of everyone, not yet handed to the network fill their bound.
+    - Every answer's body is counted in the ledger from when it is made (a route that reserved its
+      answer's bound before making it leaves the reservation with ``hold_answer``) until its last
+      piece has been taken by the connection, or the connection is gone. Pieces go one at a time, so
+      the answer is not copied whole into the transport's buffer, where it would be held uncounted.
+    - A client that reads nothing is closed by the server's protocol after ``stall_timeout_s``
+      (``api.connections``): its pending send then returns, which ends the count.
+
+    The health check is never refused."""
+
+    def __init__(self, app: ASGIApp, ledger: AnswerLedger):
+        self.app, self.ledger = app, ledger
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        state = scope.setdefault("state", {})
+        caller = state.get("caller") or ANONYMOUS
+        try:
+            self.ledger.admit(caller)
+        except BusyError as e:
+            return await send_error(send, e.http_status, e.code, str(e), [(b"retry-after", str(e.retry_after_s).encode())])
+
+        async def send_in_pieces(message: dict) -> None:
+            body = message.get("body", b"") if message["type"] == "http.response.body" else b""
+            if len(body) <= SEND_PIECE:
+                return await send(message)
+            held = state.pop(HELD, None) or self.ledger.reserve(caller, len(body), check=False)
+            held.resize(len(body))
+            try:
+                more, view = message.get("more_body", False), memoryview(body)
+                for start in range(0, len(body), SEND_PIECE):
+                    end = start + SEND_PIECE
+                    # bytes, not a view: the transport may keep what it is given, and a view keeps the whole
+                    await send({"type": "http.response.body", "body": bytes(view[start:end]),
+                                "more_body": more or end < len(body)})
+            finally:
+                held.release()
+
+        try:
+            await self.app(scope, receive, send_in_pieces)
+        finally:
+            held = state.pop(HELD, None)  # an answer reserved but never sent (an error on the way)
+            if held is not None:
+                held.release()
+
+
 class BodyLimit:
     """Refuses bodies over ``limit`` bytes with 413, whether or not they declare a Content-Length.
 
-    The body is read here (at most ``limit`` bytes are ever held) and replayed to the app.
+    The body is read here (at most ``limit`` bytes are ever held) and replayed to the app. A body that
+    stops arriving for ``stall_s`` is answered 408 and its connection closed (a slow sender would
+    otherwise hold its connection and what it sent so far for as long as it likes).
     """
 
-    def __init__(self, app: ASGIApp, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, stall_s: float | None = None):
+        self.app, self.limit, self.stall_s = app, limit, stall_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -117,7 +187,12 @@ class BodyLimit:
             return await self._refuse(send)
         chunks, size = [], 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.stall_s)
+            except asyncio.TimeoutError:
+                err = StalledRequestError(f"the request body stopped arriving for {self.stall_s:g} s "
+                                          "(stall_timeout_s): send it whole, without pauses")
+                return await send_error(send, err.http_status, err.code, str(err), [(b"connection", b"close")])
             if message["type"] != "http.request":  # client went away
                 return
             chunk = message.get("body", b"")

@@ -15,6 +15,7 @@ import cropi
 from cropi.contracts import NAME_MAX
 
 from ..domain.service import Service, job_view
+from .middleware import ANONYMOUS, hold_answer
 from ..domain.views import ARROW_STREAM
 from ..options.requests import ID_MAX, CheckpointCreate, CurriculumCreate, DatasetCreate
 from . import schemas as models
@@ -27,6 +28,8 @@ ARROW_RESPONSE = {"content": {"application/json": {}, ARROW_STREAM: {"schema": {
                   "description": "JSON, or an Arrow IPC stream with `Accept: application/vnd.apache.arrow.stream`"}
 PARQUET = "application/vnd.apache.parquet"
 
+BUSY = {"model": models.ErrorResponse, "description": "a bound on work or memory in flight is reached: retry "
+        "after the seconds in Retry-After (429: yours, 503: the server's)"}
 router = APIRouter(responses=ERRORS)
 Id = Annotated[str, Path(min_length=1, max_length=ID_MAX)]
 
@@ -45,8 +48,8 @@ def wants_arrow(accept: str | None) -> bool:
 
 
 @router.get("/healthz", response_model=models.Health, tags=["service"], responses={})
-def healthz() -> dict:
-    """Liveness: answers without a token."""
+async def healthz() -> dict:
+    """Liveness: answers without a token, in the event loop (no request thread: busy threads never delay it)."""
     return {"status": "ok", "version": cropi.__version__}
 
 
@@ -65,14 +68,26 @@ def create_dataset(body: DatasetCreate, request: Request) -> dict:
     return vars(service(request).add_dataset(body))
 
 
+Offset = Annotated[int, Query(ge=0, le=models.OFFSET_MAX)]
+ListLimit = Annotated[int, Query(ge=1, le=models.LIST_MAX)]
+
+
 @router.get("/v1/datasets", response_model=models.DatasetList, tags=["datasets"])
-def list_datasets(request: Request) -> dict:
-    return {"items": [vars(d) for d in service(request).registry.datasets()]}
+def list_datasets(request: Request, offset: Offset = 0, limit: ListLimit = models.LIST_DEFAULT) -> dict:
+    """A page of the registered datasets, oldest first, with how many there are."""
+    return service(request).datasets_page(offset, limit)
 
 
 @router.get("/v1/datasets/{dataset_id}", response_model=models.Dataset, tags=["datasets"])
 def get_dataset(dataset_id: Id, request: Request) -> dict:
     return vars(service(request).registry.dataset(dataset_id))
+
+
+@router.delete("/v1/datasets/{dataset_id}", response_model=models.Dataset, tags=["datasets"])
+def delete_dataset(dataset_id: Id, request: Request) -> dict:
+    """Forget a dataset registration (its file is not touched); refused (409) while a registered
+    checkpoint reads it."""
+    return vars(service(request).remove_dataset(dataset_id))
 
 
 # checkpoints and jobs
@@ -84,9 +99,25 @@ def create_checkpoint(body: CheckpointCreate, request: Request) -> dict:
     return {"id": row.id, "job_id": row.job_id}
 
 
+@router.get("/v1/checkpoints", response_model=models.CheckpointList, tags=["checkpoints"])
+def list_checkpoints(request: Request, offset: Offset = 0, limit: ListLimit = models.LIST_DEFAULT) -> dict:
+    """A page of the registered checkpoints, oldest first, with how many there are."""
+    return service(request).checkpoints_page(offset, limit)
+
+
 @router.get("/v1/checkpoints/{checkpoint_id}", response_model=models.Checkpoint, tags=["checkpoints"])
 def get_checkpoint(checkpoint_id: Id, request: Request) -> dict:
     return service(request).checkpoint_view(checkpoint_id)
+
+
+@router.delete("/v1/checkpoints/{checkpoint_id}", response_model=models.Checkpoint, tags=["checkpoints"])
+def delete_checkpoint(checkpoint_id: Id, request: Request) -> dict:
+    """Forget a checkpoint registration; refused (409) while it is being scored. Its stored ranking and
+    gradients stay in the store, and its name and projection spec stay taken by what it scored."""
+    svc = service(request)
+    view = svc.checkpoint_view(checkpoint_id)
+    svc.remove_checkpoint(checkpoint_id)
+    return view
 
 
 @router.get("/v1/jobs/{job_id}", response_model=models.JobView, tags=["jobs"])
@@ -139,11 +170,15 @@ def get_gradient(checkpoint_id: Id, prompt_id: Annotated[str, Path(max_length=mo
 
 
 @router.post("/v1/checkpoints/{checkpoint_id}/gradients:batch", response_model=models.GradientBatch,
-             tags=["gradients"], responses={200: ARROW_RESPONSE})
-def get_gradients(checkpoint_id: Id, body: models.GradientBatchRequest, request: Request,
-                  accept: Annotated[str | None, Header()] = None):
-    """Several prompts' stored projected gradients, in the order asked."""
-    return respond(service(request).gradients(checkpoint_id, body.prompt_ids, body.split, wants_arrow(accept)))
+             tags=["gradients"], responses={200: ARROW_RESPONSE, 429: BUSY, 503: BUSY})
+async def get_gradients(checkpoint_id: Id, body: models.GradientBatchRequest, request: Request,
+                        accept: Annotated[str | None, Header()] = None):
+    """Several prompts' stored projected gradients, in the order asked. Made a few at a time
+    (heavy_requests); the answer's memory counts against its caller until it is read."""
+    answer, media_type, held = await service(request).gradients_batch(
+        checkpoint_id, body.prompt_ids, body.split, wants_arrow(accept), caller(request) or ANONYMOUS)
+    hold_answer(request.scope, held)  # released by AnswerFlow once the last byte is sent
+    return Response(answer, media_type=media_type)
 
 
 # curricula

@@ -16,6 +16,7 @@ JobState = Literal[STATES]
 MAX_BATCH = 10_000
 PROMPT_ID_MAX = 1024
 PAGE_DEFAULT, PAGE_MAX, OFFSET_MAX = 100, 10_000, 2**31  # ranking pages
+LIST_DEFAULT, LIST_MAX = 100, 1000  # pages of registered datasets and checkpoints
 
 
 class ErrorBody(BaseModel):
@@ -44,7 +45,10 @@ class Dataset(BaseModel):
 
 
 class DatasetList(BaseModel):
-    items: list[Dataset]
+    items: list[Dataset] = Field(description="oldest first")
+    total: int = Field(description="datasets registered")
+    offset: int
+    limit: int
 
 
 # jobs
@@ -72,6 +76,24 @@ class JobView(BaseModel):
 class CheckpointCreated(BaseModel):
     id: str
     job_id: str
+
+
+class CheckpointSummary(BaseModel):
+    id: str
+    name: str
+    path: str
+    pool: str
+    validation: list[str]
+    spec_id: str | None
+    job_id: str = Field(description="its scoring job: GET /v1/jobs/{job_id} for its state")
+    created: float
+
+
+class CheckpointList(BaseModel):
+    items: list[CheckpointSummary] = Field(description="oldest first")
+    total: int = Field(description="checkpoints registered")
+    offset: int
+    limit: int
 
 
 class Checkpoint(BaseModel):

@@ -84,3 +84,24 @@ class BusyError(CropiError):
     def __init__(self, message: str, retry_after_s: int):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class OverloadedError(BusyError):
+    """A bound on the whole server is reached (answers held for their clients, open connections):
+    503, with Retry-After, whoever asks."""
+
+    code = "overloaded"
+    http_status = 503
+
+
+class RegistryFullError(ConflictError):
+    """As many datasets or checkpoints are registered as the service holds."""
+
+    code = "registry_full"
+
+
+class StalledRequestError(CropiError):
+    """A request body stopped arriving for longer than ``stall_timeout_s``."""
+
+    code = "request_timeout"
+    http_status = 408

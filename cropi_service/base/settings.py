@@ -63,14 +63,51 @@ class ServiceSettings(BaseSettings):
     max_response_mb: float = Field(default=64.0, gt=0, description="largest gradients response (JSON or Arrow, "
                                    "estimated before anything is read); a larger batch is refused with 413 "
                                    "saying how many ids fit")
-    heavy_requests: int = Field(default=4, ge=1, description="gradient batches served at once; more wait their "
-                                "turn (at most heavy_wait_s, then 429)")
+    heavy_requests: int = Field(default=4, ge=1, description="gradient batches made at once; more wait their "
+                                "turn (at most heavy_wait_s, then 429). A waiting batch holds no request thread")
     heavy_wait_s: float = Field(default=10.0, ge=0, description="how long a gradient batch waits for its turn")
+    heavy_queue: int = Field(default=64, ge=0, description="gradient batches waiting for their turn at once; "
+                             "past it a batch is answered 429 with Retry-After at once (each waiting batch "
+                             "holds its request body, up to max_body_bytes)")
+    # 1024 / 256: at the benchmark's 100k prompts x k=2048, a 10k-id Arrow batch is 41 MB, so one caller
+    # holds at most six unread ones and four such callers fill the server (benchmarks/service_bounds.py)
+    answer_memory_mb: float = Field(default=1024.0, gt=0, description="memory for answers made and not yet "
+                                    "handed to the network, all callers together. An answer counts until its "
+                                    "last byte is written to its connection or the connection is gone (a "
+                                    "gradient batch from before it is made, at its size bound); past it new "
+                                    "requests are answered 503 with Retry-After")
+    answer_memory_mb_per_caller: float = Field(default=256.0, gt=0, description="the same for one caller "
+                                               "(token; without tokens every caller is one); past it that "
+                                               "caller's requests are answered 429 with Retry-After")
+    max_connections: int = Field(default=1000, ge=1, description="open HTTP connections; a connection past it "
+                                 "gets 503 with Retry-After to its first request and is closed (cropi serve "
+                                 "only: the server's protocol counts them)")
+    stall_timeout_s: float = Field(default=30.0, gt=0, description="a connection whose client neither reads "
+                                   "its answer nor sends its request for this long is closed, and the answer's "
+                                   "memory freed (a request body that stops arriving: 408)")
+    idle_timeout_s: float = Field(default=5.0, gt=0, description="a kept-alive connection with no request for "
+                                  "this long is closed")
     max_queued_per_caller: int = Field(default=16, ge=1, description="queued jobs one caller (token) may have; "
                                        "past it a submission is answered 429 with Retry-After")
     max_queued: int = Field(default=256, ge=1, description="queued jobs in all; past it, 429 with Retry-After")
     max_registrations: int = Field(default=2, ge=1, description="dataset registrations (each reads its prompt "
                                    "file) in progress at once; more are answered 429 at once")
+    max_datasets: int = Field(default=1000, ge=1, description="datasets registered at once; past it a "
+                              "registration is refused (409 registry_full) until some are removed with "
+                              "DELETE /v1/datasets/{id}")
+    max_checkpoints: int = Field(default=10000, ge=1, description="checkpoints registered at once; past it a "
+                                 "registration is refused (409 registry_full) until some are removed with "
+                                 "DELETE /v1/checkpoints/{id} (their stored results stay)")
+    # 512: a 1M-prompt ranking loaded is about 45 MB (its Arrow table and sort orders), a 100k one 4.5 MB
+    ranking_views_mb: float = Field(default=512.0, ge=0, description="memory for loaded rankings (each "
+                                    "checkpoint's ranked table, read at its first page), all checkpoints "
+                                    "together, least recently used dropped first. A ranking larger than it is "
+                                    "read from the store for every page")
+    # 128: a loaded split is its key index, 16 bytes a prompt (16 MB at 1M prompts)
+    gradient_views_mb: float = Field(default=128.0, ge=0, description="memory for loaded gradient splits "
+                                     "(their key index, 16 bytes a prompt), all checkpoints together, least "
+                                     "recently used dropped first. A split larger than it is indexed again "
+                                     "for every request")
     # Extra or replacement job kinds: kind -> "module:function". For plugins and tests.
     job_kinds: dict[str, str] = Field(default_factory=dict)
 
@@ -85,6 +122,14 @@ class ServiceSettings(BaseSettings):
         if v is not None and not v.strip():
             raise ValueError("the token is empty: put a long random string in the token file")
         return v.strip() if v is not None else None
+
+    @model_validator(mode="after")
+    def _answer_bounds(self) -> "ServiceSettings":
+        if not self.max_response_mb <= self.answer_memory_mb_per_caller <= self.answer_memory_mb:
+            raise ValueError(f"need max_response_mb ({self.max_response_mb:g}) <= answer_memory_mb_per_caller "
+                             f"({self.answer_memory_mb_per_caller:g}) <= answer_memory_mb "
+                             f"({self.answer_memory_mb:g}): otherwise a legal answer could never be made")
+        return self
 
     @model_validator(mode="after")
     def _default_roots(self) -> "ServiceSettings":

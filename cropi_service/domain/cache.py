@@ -14,21 +14,29 @@ class NotLoaded(Exception):
 
 
 class VersionedCache(Generic[V]):
-    """LRU of at most ``size`` entries ``key -> (token, value)``.
+    """LRU of entries ``key -> (token, value)`` holding at most ``max_bytes`` of values, as
+    ``size_of(value)`` counts them (0: holds nothing).
 
     ``get(key, token, load)`` returns the cached value when it was loaded under an equal
     ``token`` (for example a file's mtime and size), else calls ``load()`` once, even when
-    many threads ask at the same moment, and keeps the result.
+    many threads ask at the same moment, and keeps the result, dropping the least recently used
+    entries until the bytes fit. A value larger than the whole budget is returned but not kept.
+    Bounded by bytes, not by count: with a count of 16, a 17th checkpoint's ranking made every
+    page of a cycling load read its ranking again (p50 168 ms against 0.4 ms at 100k prompts,
+    issue 26), and 16 large rankings would not have fit in memory anyway.
     """
 
-    def __init__(self, size: int):
-        if size < 1:
-            raise ValueError("cache size must be at least 1")
-        self.size = size
-        self._entries: OrderedDict[Hashable, tuple[Hashable, V]] = OrderedDict()
+    def __init__(self, max_bytes: int, size_of: Callable[[V], int]):
+        self.max_bytes = max(0, int(max_bytes))
+        self.size_of = size_of
+        self.bytes = 0
+        self._entries: OrderedDict[Hashable, tuple[Hashable, V, int]] = OrderedDict()
         self._lock = threading.Lock()
         self._key_locks: dict[Hashable, threading.Lock] = {}
         self.loads = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def get(self, key: Hashable, token: Hashable, load: Callable[[], V]) -> V:
         hit = self._lookup(key, token)
@@ -39,12 +47,23 @@ class VersionedCache(Generic[V]):
             if hit is not None:
                 return hit[0]
             value = load()
+            size = max(0, int(self.size_of(value)))
             with self._lock:
                 self.loads += 1
-                self._entries[key] = (token, value)
-                self._entries.move_to_end(key)
-                while len(self._entries) > self.size:
-                    self._entries.popitem(last=False)
+                old = self._entries.pop(key, None)  # an older version: replaced
+                if old is not None:
+                    self.bytes -= old[2]
+                if size <= self.max_bytes:
+                    self._entries[key] = (token, value, size)
+                    self.bytes += size
+                    while self.bytes > self.max_bytes:
+                        _, (_, _, dropped) = self._entries.popitem(last=False)
+                        self.bytes -= dropped
+                # a key's lock lives while its entry does, or while a load holds it: the locks of
+                # keys loaded once and dropped do not pile up with the checkpoints served
+                for k in [k for k in self._key_locks if k not in self._entries and k != key]:
+                    if not self._key_locks[k].locked():
+                        del self._key_locks[k]
             return value
 
     def peek(self, key: Hashable, token: Hashable) -> V:

@@ -11,16 +11,16 @@ import hashlib
 import json
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterator, TypeVar
+from typing import Any, Callable, Hashable, TypeVar
 
 import pyarrow as pa
 
 from cropi.contracts import POOL
 from cropi.errors import CorruptDataError, CropiError, InvalidInputError
 
-from ..base.errors import BusyError, NotReadyError, RankingConflictError, ResponseTooLargeError, UnknownIdError
+from ..base.errors import (BusyError, JobRunningError, NotReadyError, RankingConflictError, RegistryFullError, ResponseTooLargeError,
+                           UnknownIdError)
 from ..base.paths import confine
 from ..base.settings import ServiceSettings
 from ..jobs.runner import Runner
@@ -28,15 +28,12 @@ from ..jobs.table import Job, JobStore
 from ..options.params import CurriculumParams, ScoringParams
 from ..options.requests import CheckpointCreate, CurriculumCreate, DatasetCreate
 from .cache import ByteLRU, NotLoaded, VersionedCache
+from .flight import AnswerLedger, Reservation, Slots
 from .library import Library
 from .registry import CheckpointRow, CurriculumRow, DatasetRow, Registry, new_id
 from .views import ARROW_STREAM, FUSED, GradientView, RankingView, record_bytes_bound
 
 V = TypeVar("V")
-RANKING_CACHE_SIZE = 16
-# A loaded split is its key index (about 16 bytes a prompt): its vectors are read a record batch at a
-# time into the library's part cache, whose budget (gradient_cache_mb) holds for every split together.
-GRADIENT_CACHE_SIZE = 64
 
 
 def job_view(job: Job) -> dict[str, Any]:
@@ -51,12 +48,18 @@ class Service:
     def __init__(self, settings: ServiceSettings, library: Library, runner: Runner, jobs: JobStore,
                  registry: Registry):
         self.settings, self.library, self.runner, self.jobs, self.registry = settings, library, runner, jobs, registry
-        self.rankings: VersionedCache[RankingView] = VersionedCache(RANKING_CACHE_SIZE)
-        self.gradient_views: VersionedCache[GradientView] = VersionedCache(GRADIENT_CACHE_SIZE)
-        self.rendered = ByteLRU(int(settings.render_cache_mb * 2**20))  # shared by every split's view
-        self.ranking_pages = ByteLRU(int(settings.ranking_cache_mb * 2**20))  # and by every ranking's
-        self._heavy = threading.BoundedSemaphore(settings.heavy_requests)
+        # every cache is bounded by bytes, whatever the number of checkpoints served
+        self.rankings: VersionedCache[RankingView] = VersionedCache(mb(settings.ranking_views_mb), nbytes)
+        # a loaded split is its key index: its vectors are read a record batch at a time into the
+        # library's part cache, whose budget (gradient_cache_mb) holds for every split together
+        self.gradient_views: VersionedCache[GradientView] = VersionedCache(mb(settings.gradient_views_mb), nbytes)
+        self.rendered = ByteLRU(mb(settings.render_cache_mb))  # shared by every split's view
+        self.ranking_pages = ByteLRU(mb(settings.ranking_cache_mb))  # and by every ranking's
+        self.heavy = Slots(settings.heavy_requests)
+        self.answers = AnswerLedger(mb(settings.answer_memory_mb), mb(settings.answer_memory_mb_per_caller),
+                                    retry_after_s=max(1, round(min(settings.stall_timeout_s, 30))))
         self._registrations = threading.BoundedSemaphore(settings.max_registrations)
+        self._registering = threading.Lock()  # a registration's count check and insert, together
         self._versions: dict[Hashable, tuple[float, Hashable | None]] = {}
         self._done: dict[str, Job] = {}
 
@@ -71,6 +74,7 @@ class Service:
 
     def add_dataset(self, body: DatasetCreate) -> DatasetRow:
         path = self.confine(body.path)
+        self._room_for_dataset()  # before the prompt file is read, and again before the row is written
         if not path.is_file() and not path.is_dir():
             raise InvalidInputError(f"no prompt file at {body.path!r} (resolved to {str(path)!r}): "
                                     "check the path; it is read on the service's machine")
@@ -83,7 +87,36 @@ class Service:
             self._registrations.release()
         if n == 0:
             raise InvalidInputError(f"{body.path!r} holds no prompts: a dataset needs at least one")
-        return self.registry.add_dataset(body.name, str(path), body.kind, n)
+        with self._registering:
+            self._room_for_dataset()
+            return self.registry.add_dataset(body.name, str(path), body.kind, n)
+
+    def _room_for_dataset(self) -> None:
+        self._room("datasets", self.registry.count("datasets"), self.settings.max_datasets, "max_datasets",
+                   "DELETE /v1/datasets/{id} (GET /v1/datasets lists them; a dataset that a registered checkpoint "
+                   "reads is kept until that checkpoint is removed)")
+
+    def _room_for_checkpoint(self) -> None:
+        self._room("checkpoints", self.registry.count("checkpoints"), self.settings.max_checkpoints,
+                   "max_checkpoints", "DELETE /v1/checkpoints/{id} (GET /v1/checkpoints lists them; their stored "
+                   "rankings and gradients stay in the store)")
+
+    @staticmethod
+    def _room(what: str, n: int, bound: int, setting: str, remove: str) -> None:
+        if n >= bound:
+            raise RegistryFullError(f"{n} {what} are registered, as many as this service holds ({setting}={bound}): "
+                                    f"remove some you no longer need with {remove}, or ask the operator to raise "
+                                    f"{setting}")
+
+    def remove_dataset(self, dataset_id: str) -> DatasetRow:
+        """Forget a dataset registration (the prompt file is not touched); refused while a registered
+        checkpoint reads it."""
+        with self._registering:
+            return self.registry.remove_dataset(dataset_id)
+
+    def datasets_page(self, offset: int, limit: int) -> dict[str, Any]:
+        rows, total = self.registry.datasets(offset, limit)
+        return {"items": [vars(d) for d in rows], "total": total, "offset": offset, "limit": limit}
 
     def _datasets(self, pool_id: str, validation_ids: list[str]) -> tuple[DatasetRow, list[DatasetRow]]:
         pool = self.registry.dataset(pool_id)
@@ -109,6 +142,7 @@ class Service:
 
     def add_checkpoint(self, body: CheckpointCreate, caller: str | None = None) -> CheckpointRow:
         model = self.confine(body.path)
+        self._room_for_checkpoint()
         if not model.is_dir():
             raise InvalidInputError(f"no model folder at {body.path!r} (resolved to {str(model)!r}): a checkpoint "
                                     "is a Hugging Face model directory on the service's machine")
@@ -136,11 +170,31 @@ class Service:
                 f"checkpoint {earlier.id} was already scored under the name {body.name!r} with this projection "
                 f"spec ({spec_id}) from other inputs (model, datasets, trajectories or options); scoring again "
                 "would replace the ranking it serves. Register this scoring under another name")
-        job = self.runner.submit("scoring", params, key=scoring_key(body.name, spec_id), caller=caller)
-        row = CheckpointRow(new_id("ck"), body.name, str(model), pool.id, [v.id for v in validation], spec_id,
-                            job.id, time.time(), inputs)
-        self.registry.add_checkpoint(row)
+        with self._registering:  # no job is queued for a registration past the bound
+            self._room_for_checkpoint()
+            job = self.runner.submit("scoring", params, key=scoring_key(body.name, spec_id), caller=caller)
+            row = CheckpointRow(new_id("ck"), body.name, str(model), pool.id, [v.id for v in validation], spec_id,
+                                job.id, time.time(), inputs)
+            self.registry.add_checkpoint(row)
         return row
+
+    def remove_checkpoint(self, checkpoint_id: str) -> CheckpointRow:
+        """Forget a checkpoint registration. Its stored ranking and gradients stay in the store, and a later
+        scoring under its name and spec from other inputs is still refused (they would be replaced)."""
+        row = self.registry.checkpoint(checkpoint_id)
+        job = self.jobs.get(row.job_id)
+        if job.state in ("queued", "running"):
+            raise JobRunningError(f"checkpoint {row.id} is being scored (job {job.id} is {job.state}): cancel it "
+                                  f"with DELETE /v1/jobs/{job.id} first, or wait for it to finish")
+        with self._registering:
+            self.registry.remove_checkpoint(checkpoint_id)
+        return row
+
+    def checkpoints_page(self, offset: int, limit: int) -> dict[str, Any]:
+        rows, total = self.registry.checkpoints(offset, limit)
+        items = [{"id": r.id, "name": r.name, "path": r.path, "pool": r.pool, "validation": r.validation,
+                  "spec_id": r.spec_id, "job_id": r.job_id, "created": r.created} for r in rows]
+        return {"items": items, "total": total, "offset": offset, "limit": limit}
 
     def checkpoint_view(self, checkpoint_id: str) -> dict[str, Any]:
         row = self.registry.checkpoint(checkpoint_id)
@@ -253,20 +307,64 @@ class Service:
                   peek: bool = False) -> tuple[bytes, str]:
         """A ``GradientBatch`` of ``prompt_ids`` as JSON bytes, or an Arrow IPC stream; and its media type.
 
-        Refused (413) when it could exceed ``max_response_mb``; batches wait for one of ``heavy_requests``
-        slots. With ``peek``, NotLoaded unless every record batch needed is in memory."""
+        Refused (413) when it could exceed ``max_response_mb``. With ``peek``, NotLoaded unless every record
+        batch needed is in memory. Batches from callers go through ``gradients_batch``, which takes a
+        heavy slot and accounts for the answer's memory first."""
         row, view = self.gradient_view(checkpoint_id, split, peek)
         self.check_response_size(view, len(prompt_ids), arrow)
-        with self.heavy_slot(len(prompt_ids)):
-            rows = view.rows(prompt_ids)
-            if arrow:
-                return view.arrow_stream(rows, peek), ARROW_STREAM
-            head = {"checkpoint": row.id, "spec_id": row.spec_id, "split": view.meta.get("split", split),
-                    "dim": view.dim}
-            # encoded here, not through the response model: re-validating thousands of floats costs more than
-            # the lookup
-            return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":',
-                             view.records_json(rows, peek), b"}")), "application/json"
+        return self._render(row, view, prompt_ids, split, arrow, peek)
+
+    def _render(self, row: CheckpointRow, view: GradientView, prompt_ids: list[str], split: str | None, arrow: bool,
+                peek: bool = False) -> tuple[bytes, str]:
+        rows = view.rows(prompt_ids)
+        if arrow:
+            return view.arrow_stream(rows, peek), ARROW_STREAM
+        head = {"checkpoint": row.id, "spec_id": row.spec_id, "split": view.meta.get("split", split),
+                "dim": view.dim}
+        # encoded here, not through the response model: re-validating thousands of floats costs more than
+        # the lookup
+        return b"".join((json.dumps(head, separators=(",", ":")).encode()[:-1], b',"items":',
+                         view.records_json(rows, peek), b"}")), "application/json"
+
+    async def gradients_batch(self, checkpoint_id: str, prompt_ids: list[str], split: str | None, arrow: bool,
+                              caller: str) -> tuple[bytes, str, Reservation]:
+        """``gradients`` for a caller's batch, served ``heavy_requests`` at a time.
+
+        The turn is waited for in the event loop (at most ``heavy_wait_s``, then 429; past ``heavy_queue``
+        waiting, 429 at once), never in a request thread, so waiting batches cannot starve the health
+        check and the other routes of threads. With the turn, the answer's size bound is reserved in
+        the answer ledger (refused 429/503 when it would not fit) before anything is made; the caller
+        keeps the reservation until the answer is sent (``api.middleware.AnswerFlow`` releases it)."""
+        try:  # a loaded split costs no thread hop
+            row, view = self.gradient_view(checkpoint_id, split, peek=True)
+        except NotLoaded:
+            row, view = await self._off_loop(self.gradient_view, checkpoint_id, split)
+        self.check_response_size(view, len(prompt_ids), arrow)
+        got = await self.heavy.acquire(self.settings.heavy_wait_s, max_waiting=self.settings.heavy_queue)
+        if not got:
+            waited = (f"{self.settings.heavy_queue} more are waiting (heavy_queue)" if got is None else
+                      f"this one waited {self.settings.heavy_wait_s:g} s for its turn")
+            raise BusyError(f"{self.settings.heavy_requests} gradient batches are being made (heavy_requests) and "
+                            f"{waited}: retry after the time in Retry-After, or send single lookups",
+                            retry_after_s=max(1, round(self.settings.heavy_wait_s)))
+        try:
+            held = self.answers.reserve(caller, batch_bytes_bound(view, len(prompt_ids), arrow))
+            try:
+                body, media = await self._off_loop(self._render, row, view, prompt_ids, split, arrow)
+            except BaseException:
+                held.release()
+                raise
+        finally:
+            self.heavy.release()
+        held.resize(len(body))  # what is held from now on: the answer itself
+        return body, media, held
+
+    @staticmethod
+    async def _off_loop(fn: Callable[..., V], *args: Any) -> V:
+        """``fn(*args)`` in a request thread (it reads the store or makes a large answer)."""
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(lambda: fn(*args))
 
     def check_response_size(self, view: GradientView, n: int, arrow: bool) -> None:
         """ResponseTooLargeError unless ``n`` records can not exceed ``max_response_mb``, whatever their values."""
@@ -280,22 +378,6 @@ class Service:
                 f"(max_response_mb): send at most {fits} prompt ids per request and page through the rest"
                 + ("" if arrow else f", or ask for Arrow (Accept: {ARROW_STREAM}), which fits "
                    f"{max(1, limit // record_bytes_bound(view.dim, view.dtype, True))}"))
-
-    @contextmanager
-    def heavy_slot(self, n: int) -> Iterator[None]:
-        """Batches are served ``heavy_requests`` at a time: the rest wait (up to ``heavy_wait_s``, then 429),
-        so their memory together stays under heavy_requests x max_response_mb. Single lookups go straight."""
-        if n <= 1:
-            yield
-            return
-        if not self._heavy.acquire(timeout=self.settings.heavy_wait_s):
-            raise BusyError(f"{self.settings.heavy_requests} gradient batches are being served (heavy_requests) and "
-                            f"this one waited {self.settings.heavy_wait_s:g} s for its turn: retry later, or send "
-                            "single lookups", retry_after_s=max(1, round(self.settings.heavy_wait_s)))
-        try:
-            yield
-        finally:
-            self._heavy.release()
 
     # curricula
 
@@ -334,6 +416,20 @@ class Service:
                 return path
         raise UnknownIdError(f"curriculum {row.id} has no stage {index} subset yet (job {job.id} is {job.state}); "
                              "GET the curriculum for its stages")
+
+
+def mb(value: float) -> int:
+    return int(value * 2**20)
+
+
+def nbytes(view: Any) -> int:
+    return view.nbytes
+
+
+def batch_bytes_bound(view: GradientView, n: int, arrow: bool) -> int:
+    """The most bytes a batch of ``n`` records can take as an answer (the bound ``max_response_mb`` is
+    checked against)."""
+    return n * record_bytes_bound(view.dim, view.dtype, arrow) + 4096
 
 
 def digest(value: Any) -> str:

@@ -133,6 +133,12 @@ class RankingView:
     def total(self) -> int:
         return self.table.num_rows
 
+    @property
+    def nbytes(self) -> int:
+        """Memory of this view, as the service's cache of views counts it: the ranked table, and each
+        validation set's order (8 bytes a row) counted from the start, sorted or not yet."""
+        return self.table.nbytes + 8 * self.total * len(self.validation) + 4096
+
     def page_json(self, order: str, offset: int, limit: int, peek: bool = False) -> bytes:
         """Rows ``offset .. offset+limit`` of ``order``, as a JSON array of API records. With ``peek``,
         NotLoaded unless every block of the page is encoded already: never encodes nor waits on the
@@ -239,6 +245,18 @@ class GradientView:
 
     def __contains__(self, prompt_id: str) -> bool:
         return prompt_id in self.source
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of this view, as the service's cache of views counts it: a store split's key index
+        (its vectors live in the library's part cache, under its own budget), or a table's arrays."""
+        index = getattr(self.source, "index", None)
+        if hasattr(index, "parts"):  # cropi.store's KeyIndex: three arrays, 16 bytes a prompt
+            return 16 * len(index) + 256 * len(index.parts) + 4096
+        if isinstance(self.source, _TableSource):
+            return (self.source.vectors.nbytes + sum(getattr(v, "nbytes", 0) for v in self.source.columns.values())
+                    + 100 * len(self.source.index) + 4096)
+        return 4096
 
     def rows(self, prompt_ids: list[str]) -> list[str]:
         """``prompt_ids`` checked; UnknownIdError naming the missing ones."""

@@ -9,13 +9,16 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pydantic
 
 from cropi.errors import CropiError
 from ..base.logs import configure_logging
 from ..base.settings import ServiceSettings, read_token_file
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +40,18 @@ def serve(root: str | Path, host: str = "127.0.0.1", port: int = 8000, token_fil
     settings = ServiceSettings(**fields)
     settings.check_bind()
     configure_logging()
-    app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
+    uvicorn.Server(server_config(settings, create_app(settings))).run()
+
+
+def server_config(settings: ServiceSettings, app: Any) -> "uvicorn.Config":
+    """uvicorn's configuration for ``app``: its protocol bounds open connections and closes stalled ones
+    (``api.connections``); kept-alive connections idle for ``idle_timeout_s`` are closed."""
+    import uvicorn
+
+    from ..api.connections import guarded_protocol
+
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
+                          http=guarded_protocol(settings), timeout_keep_alive=settings.idle_timeout_s)
 
 
 def run_worker(root: str | Path, name: str, workers: int = 1, ray_address: str | None = None) -> None:
