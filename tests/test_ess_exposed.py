@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 
 
 from cropi.cli import main
+from cropi.contracts import GRADIENT_META_COLUMNS, GRADIENT_OPTIONAL_COLUMNS
 from cropi.demo.assets import shipped_model
 from cropi.store import CheckpointRef, GradientStore, TrajectoryStore
 from cropi.store.sharded import ShardedDataset
@@ -189,6 +190,11 @@ def test_service_gradients_serve_the_stored_ess(tmp_path):
         # the documented response schema names both fields
         schema = env.get("/openapi.json").json()["components"]["schemas"]["GradientRecord"]["properties"]
         assert {"ess", "ess_fraction"} <= set(schema)
+        # ... and every field a record carries, each with its description
+        returned = set(body["items"][0])
+        assert returned == set(GRADIENT_META_COLUMNS) | set(GRADIENT_OPTIONAL_COLUMNS) | {"prompt_id", "vector"}
+        assert returned <= set(schema), returned - set(schema)
+        assert all(schema[c].get("description") for c in GRADIENT_OPTIONAL_COLUMNS)
 
 
 def test_refresh_flags_show_their_defaults_and_reuse_the_collect_job_s():

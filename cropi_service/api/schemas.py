@@ -146,6 +146,16 @@ class GradientRecord(BaseModel):
                               "(current policy over behavior); null when unknown or stored without it")
     ess_fraction: float | None = Field(None, description="ESS / K, in (0, 1]: low means the reused "
                                        "trajectories no longer represent the policy; null when unknown")
+    p_theta: float | None = Field(None, description="pass rate at the checkpoint: the self-normalised "
+                                  "importance-weighted mean of the K rewards (the plain mean at the behavior "
+                                  "policy); null when unknown or stored without it")
+    std_theta: float | None = Field(None, description="reward standard deviation at the checkpoint, weighted as "
+                                    "p_theta (the biased one: sqrt(sum w (R - p_theta)^2 / sum w)); null when "
+                                    "unknown or stored without it")
+    log_mean_weight: float | None = Field(None, description="log of the mean sequence importance weight "
+                                          "(checkpoint over behavior) of the K responses: 0 at the behavior "
+                                          "policy, moving (mostly down) as the checkpoint leaves it, even where "
+                                          "every reward is equal; null when unknown or stored without it")
 
 
 class GradientBatch(BaseModel):
