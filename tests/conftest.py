@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 import pytest
 
 
@@ -42,12 +39,3 @@ def task_files(task_splits, tmp_path_factory) -> dict[str, str]:
     write_jsonl(task_splits["val_a"], files["val_a"])
     write_parquet(task_splits["val_b"], files["val_b"])
     return files
-
-
-def snapshot(root: str | Path) -> dict[str, str]:
-    """Every file under ``root`` with its sha256: to show an operation left a store as it was."""
-    root = Path(root)
-    if not root.exists():
-        return {}
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}

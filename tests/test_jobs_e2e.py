@@ -15,28 +15,17 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import snapshot
 from cropi.cli import main
 from cropi.models.loading import load_causal_lm
 from cropi.scoring import rank_pool
 from cropi.store import GradientStore, TrajectoryStore
+from support.cli import run_cli
+from support.store import snapshot
 
 SPLITS = ("pool", "val_a", "val_b")
 COLLECT = ["--backend", "hf", "--samples", "4", "--max-new-tokens", "40", "--temperature", "1.0",
            "--reward", "exact_numeric"]
 PROJ = ["--projection-dim", "512", "--kept-fraction", "0.5", "--dtype", "float32"]
-
-
-def run_cli(*args: str) -> dict:
-    """Run `cropi ... --json` in this process and return its JSON result."""
-    import contextlib
-    import io
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = main([*args, "--json"])
-    assert code == 0, buf.getvalue()
-    return json.loads(buf.getvalue().strip().splitlines()[-1])
 
 
 def cli_subprocess(*args: str, **kw) -> subprocess.Popen:

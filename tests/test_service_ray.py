@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,17 +19,9 @@ from cropi_service.jobs.table import JobStore
 from cropi_service.jobs.runner import RayLauncher, Runner
 from cropi_service.base.settings import ServiceSettings
 from support import service_jobs
+from support.service import wait_until
 
 JOBS = service_jobs.__name__
-
-
-def wait_until(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_jobs_run_and_cancel_as_ray_tasks(tmp_path, monkeypatch):

@@ -27,7 +27,7 @@ from cropi_service.domain.service import scoring_key
 from cropi_service.base.settings import ServiceSettings
 from cropi_service.options.params import scoring_request
 from cropi_service.jobs.table import JobStore
-from support.service import AUTH, TOKEN, stored, svc
+from support.service import AUTH, TOKEN, stored, svc, wait_until
 from support import service_jobs
 
 
@@ -211,25 +211,19 @@ def test_restarts_do_not_fail_a_job_and_a_killed_worker_is_retried(tmp_path):
     def done() -> int:
         return len((work / "done").read_text().splitlines()) if (work / "done").exists() else 0
 
-    def wait_for(cond, what, timeout=60.0):
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert time.monotonic() < deadline, f"timed out: {what}"
-            time.sleep(0.05)
-
     runner = start()
     try:
         for restart in range(3):  # more restarts than max_attempts
             target = done() + 2
-            wait_for(lambda: done() >= target, "progress")
+            wait_until(lambda: done() >= target, 60, "progress")
             runner.send_signal(signal.SIGKILL if restart % 2 else signal.SIGTERM)
             runner.wait()
             runner = start()
         for _ in range(1):  # the worker alone killed, as the OOM killer would (max_attempts=2: one death is fine)
             target = done() + 2
-            wait_for(lambda: done() >= target and jobs.get(job.id).pid, "progress")
+            wait_until(lambda: done() >= target and jobs.get(job.id).pid, 60, "progress")
             os.kill(jobs.get(job.id).pid, signal.SIGKILL)
-        wait_for(lambda: jobs.get(job.id).state == "succeeded", "the job to finish", timeout=90)
+        wait_until(lambda: jobs.get(job.id).state == "succeeded", 90, "the job to finish")
     finally:
         runner.terminate()
         runner.wait()

@@ -3,23 +3,12 @@ test_factored.py runs the same command with the factored kind)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 from pathlib import Path
+
+from support.cli import run_cli as cli  # noqa: F401  (the golden case runs the command as every CLI test does)
 
 HERE = Path(__file__).resolve().parents[1]
 GOLDEN = HERE / "golden"
 MODEL = GOLDEN / "model"  # the demo's shipped model at 12489f8, kept byte for byte as this case's input
 COLLECT = ["--backend", "hf", "--samples", "6", "--max-new-tokens", "96", "--temperature", "0.7",
            "--reward", "exact_numeric", "--seed", "3"]
-
-
-def cli(*args: str) -> dict:
-    from cropi.cli import main
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = main([*args, "--json"])
-    assert code == 0, buf.getvalue()
-    return json.loads(buf.getvalue().strip().splitlines()[-1])

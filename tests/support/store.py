@@ -4,6 +4,7 @@ that are a pure function of the prompt id (so runs can be compared)."""
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 
@@ -37,3 +38,10 @@ def write_grads(split, writer_id, pids, rows_per_shard=4, salt=""):
                 w.append(**grad_row(pid, split.dim, salt))
 
 
+def snapshot(root: str | Path) -> dict[str, str]:
+    """Every file under ``root`` with its sha256: to show an operation left a store as it was."""
+    root = Path(root)
+    if not root.exists():
+        return {}
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
