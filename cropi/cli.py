@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from cropi import __version__
 from cropi.cli_args import add_model_args, model_values
 from cropi.contracts import SCORE_PREFIX, SELECTED
-from cropi.errors import CropiError, InvalidInputError
+from cropi.errors import CropiError, InvalidInputError, format_validation_error
 
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {}
 
@@ -53,9 +53,9 @@ def _validated(model, values: dict):
     try:
         return model.model_validate(values)
     except ValidationError as e:
-        problems = "; ".join(f"--{'-'.join(str(p) for p in err['loc'][-1:]).replace('_', '-')}: {err['msg']}"
-                             for err in e.errors())
-        raise InvalidInputError(problems) from None
+        # a flag is named by its field, the last part of the location
+        raise InvalidInputError(format_validation_error(
+            e, where=lambda loc: "--" + "-".join(str(p) for p in loc[-1:]).replace("_", "-"))) from None
 
 
 def _run_job(a, fn, job):

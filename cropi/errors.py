@@ -47,3 +47,19 @@ class CorruptDataError(CropiError):
 
     code = "corrupt_data"
     http_status = 500
+
+
+def format_validation_error(error, whole: str = "value", *, where=None, limit: int | None = None) -> str:
+    """Pydantic's complaints (a ``ValidationError``, or anything with its ``errors()``) as one line a
+    person can act on: ``field.sub: message; other: message``.
+
+    ``whole`` names the place of an error about the value as a whole (an empty location);
+    ``where(loc)`` renders a location (default: its parts joined by dots, as in a config file);
+    ``limit`` keeps the first ``limit`` problems and counts the rest, for errors that could be many.
+    The one spelling of this line for every options model, job file and flag set of the library.
+    """
+    errors = list(error.errors())
+    render = where or (lambda loc: ".".join(str(p) for p in loc))
+    shown = errors if limit is None else errors[:limit]
+    line = "; ".join(f"{render(tuple(err.get('loc', ()))) or whole}: {err.get('msg', 'invalid')}" for err in shown)
+    return line + (f" (and {len(errors) - len(shown)} more)" if len(shown) < len(errors) else "")

@@ -23,7 +23,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from cropi.errors import InvalidInputError
+from cropi.errors import InvalidInputError, format_validation_error
 from cropi.pipeline.collect import CollectJob
 from cropi.pipeline.curriculum import CurriculumConfig
 from cropi.pipeline.compute_gradients import GradientJob
@@ -101,8 +101,7 @@ def load_job_file(path: str | Path, shard: Optional[tuple[int, int]] = None) -> 
     try:
         return _ADAPTER.validate_python(data)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'job'}: {err['msg']}" for err in e.errors())
-        raise InvalidInputError(f"bad job file {path}: {problems}") from None
+        raise InvalidInputError(f"bad job file {path}: {format_validation_error(e, 'job')}") from None
 
 
 def run_job_file(job: JobFile, progress: Progress | None = None):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from cropi.errors import InvalidInputError
+from cropi.errors import InvalidInputError, format_validation_error
 
 if TYPE_CHECKING:
     from cropi.data import PromptRecord
@@ -82,7 +82,7 @@ class Selector:
         try:
             return self.options.model_validate(dict(options or {}))
         except ValidationError as e:
-            raise InvalidInputError(f"bad options for selector {self.name!r}: {validation_message(e)}") from None
+            raise InvalidInputError(f"bad options for selector {self.name!r}: {format_validation_error(e)}") from None
 
     def select(self, inputs: SelectionInputs, options: Mapping | BaseModel | None = None) -> list[str]:
         missing = [n for n in self.needs if getattr(inputs, n) is None]
@@ -119,10 +119,6 @@ def fraction_count(fraction: float, pool_size: int) -> int:
 
 def tie_key(seed: int, prompt_id: str) -> bytes:
     return hashlib.blake2b(f"{seed}\0{prompt_id}".encode(), digest_size=8).digest()
-
-
-def validation_message(e: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']}" for err in e.errors())
 
 
 @dataclass

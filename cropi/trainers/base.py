@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cropi.errors import InvalidInputError, NotFoundError
+from cropi.errors import InvalidInputError, NotFoundError, format_validation_error
 
 
 class TrainerOptionsError(InvalidInputError):
@@ -105,8 +105,7 @@ def parse_options(model: type[BaseModel], values: dict[str, Any], trainer: str) 
     try:
         return model(**values)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'options'}: {err['msg']}"
-                             for err in e.errors())
+        problems = format_validation_error(e, "options")
         raise TrainerOptionsError(f"bad options for trainer {trainer!r}: {problems}") from None
 
 
