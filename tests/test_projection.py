@@ -310,12 +310,20 @@ def test_same_spec_same_vectors_in_fresh_process(tmp_path):
     shapes = {"a": (50, 40), "b": (300,)}
     x = torch.sin(torch.arange(2 * 2300, dtype=torch.float64) * 0.37).float().reshape(2, 2300)
     here, other_seed = [], []
-    for kind in ["sjlt", "gaussian", "rademacher", "identity"]:
-        dim = None if kind == "identity" else 64
-        here.append(make_projector(ProjectionSpec(kind=kind, dim=dim, kept_fraction=0.3, seed=77), shapes)
-                    .project_flat(x).numpy().ravel())
-        other = make_projector(ProjectionSpec(kind=kind, dim=dim, kept_fraction=0.3, seed=78), shapes).project_flat(x)
-        assert other.numel() != here[-1].size or not np.allclose(other.numpy().ravel(), here[-1])
+    # bitwise against the child: the same thread count here as there (a dense kind's matmul split over
+    # more threads sums in another order); the instruction set is the child's too (same environment)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for kind in ["sjlt", "gaussian", "rademacher", "identity"]:
+            dim = None if kind == "identity" else 64
+            here.append(make_projector(ProjectionSpec(kind=kind, dim=dim, kept_fraction=0.3, seed=77), shapes)
+                        .project_flat(x).numpy().ravel())
+            other = make_projector(ProjectionSpec(kind=kind, dim=dim, kept_fraction=0.3, seed=78),
+                                   shapes).project_flat(x)
+            assert other.numel() != here[-1].size or not np.allclose(other.numpy().ravel(), here[-1])
+    finally:
+        torch.set_num_threads(threads)
     np.testing.assert_array_equal(np.load(path), np.concatenate(here))
 
 
