@@ -110,7 +110,7 @@ def create_app(settings: ServiceSettings, *, library: Library | None = None, kin
     app = FastAPI(title="cropi influence service", version=cropi.__version__, lifespan=lifespan,
                   description="Offline POPI influence scoring and CROPI curricula for RLVR post-training.")
     app.state.service = svc
-    app.state.metrics = Metrics(jobs.counts, jobs.prompts_scored)
+    app.state.metrics = Metrics(jobs.counts, jobs.prompts_scored, svc.bounds)
     app.include_router(router)
     install_error_handlers(app)
     # outermost first: log and time everything, then auth, then the memory of answers in flight (by

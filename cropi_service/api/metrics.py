@@ -26,14 +26,42 @@ class _JobCollector(Collector):
                                   value=self.scored())
 
 
+class _BoundsCollector(Collector):
+    """The service's bounded memory at scrape time: each cache's bytes against its budget, and the
+    answers in flight (issue 26), so an operator sees which budget a load fills."""
+
+    def __init__(self, bounds: Callable[[], dict]):
+        self.bounds = bounds
+
+    def collect(self) -> Iterator[Metric]:
+        b = self.bounds()
+        used = GaugeMetricFamily("cropi_cache_bytes", "Bytes held by each in-memory cache", labels=["cache"])
+        budget = GaugeMetricFamily("cropi_cache_budget_bytes", "Each cache's budget (its setting)", labels=["cache"])
+        entries = GaugeMetricFamily("cropi_cache_entries", "Entries held by each cache", labels=["cache"])
+        for name, (n_bytes, n_budget, n_entries) in b["caches"].items():
+            used.add_metric([name], n_bytes)
+            budget.add_metric([name], n_budget)
+            entries.add_metric([name], n_entries)
+        yield used
+        yield budget
+        yield entries
+        yield GaugeMetricFamily("cropi_answer_bytes_in_flight", "Bytes of answers made and not yet sent",
+                                value=b["answers"]["bytes"])
+        yield GaugeMetricFamily("cropi_answers_in_flight", "Answers counted in the ledger", value=b["answers"]["answers"])
+        yield GaugeMetricFamily("cropi_batches_waiting", "Gradient batches waiting for a turn", value=b["waiting"])
+
+
 class Metrics:
     """A registry per app (so several apps in one process, as in tests, do not collide)."""
 
-    def __init__(self, counts: Callable[[], dict[str, int]], scored: Callable[[], int]):
+    def __init__(self, counts: Callable[[], dict[str, int]], scored: Callable[[], int],
+                 bounds: Callable[[], dict] | None = None):
         self.registry = CollectorRegistry()
         self.latency = Histogram("cropi_http_request_duration_seconds", "Request latency by route",
                                  ["method", "route", "status"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(_JobCollector(counts, scored))
+        if bounds is not None:
+            self.registry.register(_BoundsCollector(bounds))
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         self.latency.labels(method, route, str(status)).observe(seconds)

@@ -63,6 +63,17 @@ class Service:
         self._versions: dict[Hashable, tuple[float, Hashable | None]] = {}
         self._done: dict[str, Job] = {}
 
+    def bounds(self) -> dict[str, Any]:
+        """What the bounded memory holds now: (bytes, budget, entries) per cache, and answers in flight."""
+        parts = getattr(self.library, "parts", None)
+        caches = {"ranking_views": (self.rankings.bytes, self.rankings.max_bytes, len(self.rankings)),
+                  "gradient_views": (self.gradient_views.bytes, self.gradient_views.max_bytes, len(self.gradient_views)),
+                  "ranking_pages": (self.ranking_pages.bytes, self.ranking_pages.max_bytes, len(self.ranking_pages)),
+                  "rendered_gradients": (self.rendered.bytes, self.rendered.max_bytes, len(self.rendered))}
+        if parts is not None and hasattr(parts, "bytes"):
+            caches["gradient_parts"] = (parts.bytes, parts.max_bytes, len(parts))
+        return {"caches": caches, "answers": self.answers.snapshot(), "waiting": self.heavy.waiting}
+
     def confine(self, path: str) -> Path:
         return confine(path, self.settings.data_roots)
 
