@@ -40,6 +40,7 @@ def serve(root: str | Path, host: str = "127.0.0.1", port: int = 8000, token_fil
     settings = ServiceSettings(**fields)
     settings.check_bind()
     configure_logging()
+    sys.setswitchinterval(settings.switch_interval_ms / 1000)
     uvicorn.Server(server_config(settings, create_app(settings))).run()
 
 
