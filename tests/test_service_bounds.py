@@ -18,6 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cropi_service.api.app import create_app
+from cropi_service.api.connections import guarded_protocol
 from cropi_service.base.errors import BusyError, OverloadedError
 from cropi_service.domain.cache import VersionedCache
 from cropi_service.domain.flight import AnswerLedger, Slots
@@ -152,7 +153,7 @@ def _scored_checkpoint(settings, name: str = "ck") -> str:
 class Served:
     """The app served by uvicorn with the service's own configuration, on a free loopback port."""
 
-    def __init__(self, tmp_path: Path, library: FakeLibrary, **over):
+    def __init__(self, tmp_path: Path, library: FakeLibrary, protocol: str | None = None, **over):
         import uvicorn
 
         (tmp_path / "data").mkdir(exist_ok=True)
@@ -161,7 +162,12 @@ class Served:
             port = s.getsockname()[1]
         self.settings = make_settings(tmp_path, token=f"{TOKEN}\n{OTHER}", workers=0, port=port, **over)
         self.app = create_app(self.settings, library=library, kinds=KINDS)
-        self.server = uvicorn.Server(server_config(self.settings, self.app))
+        config = server_config(self.settings, self.app)
+        if protocol == "h11":  # uvicorn's pure-Python protocol, where httptools is not installed
+            from uvicorn.protocols.http.h11_impl import H11Protocol
+
+            config.http = guarded_protocol(self.settings, base=H11Protocol)
+        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.base = f"http://127.0.0.1:{port}"
         self.port = port
@@ -201,10 +207,11 @@ def _until(check, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def test_unread_answers_count_against_their_caller_until_the_stalled_connection_is_closed(tmp_path):
+@pytest.mark.parametrize("protocol", ["auto", "h11"])
+def test_unread_answers_count_against_their_caller_until_the_stalled_connection_is_closed(tmp_path, protocol):
     library = BigLibrary(tmp_path)
     over = dict(max_response_mb=24, answer_memory_mb_per_caller=40, answer_memory_mb=64, stall_timeout_s=3)
-    with Served(tmp_path, library, **over) as served:
+    with Served(tmp_path, library, protocol, **over) as served:
         ck = _scored_checkpoint(served.settings)
         ids = [f"p{i:04d}" for i in range(BigLibrary.n)]
         path = f"/v1/checkpoints/{ck}/gradients:batch"
@@ -273,8 +280,9 @@ def test_batches_waiting_for_a_turn_leave_health_and_ordinary_routes_answering(t
         assert svc.heavy.free == 1
 
 
-def test_connections_past_the_bound_get_503_and_a_stalled_body_408(tmp_path):
-    with Served(tmp_path, FakeLibrary(tmp_path), max_connections=3, stall_timeout_s=1.0) as served:
+@pytest.mark.parametrize("protocol", ["auto", "h11"])
+def test_connections_past_the_bound_get_503_and_a_stalled_body_408(tmp_path, protocol):
+    with Served(tmp_path, FakeLibrary(tmp_path), protocol, max_connections=3, stall_timeout_s=1.0) as served:
         held = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(3)]
         time.sleep(0.2)
         with httpx.Client(base_url=served.base, timeout=10) as c:
