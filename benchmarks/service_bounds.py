@@ -361,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         report["well_behaved_errors"] = s["load"]["errors"]
         q = report["stalled"]["queued_batches"]
         report["queued_batches"] = {"batch_clients": a.batch_clients, "healthz_p99_ms": q["healthz"]["p99_ms"],
-                                    "well_behaved_errors": q["load"]["errors"], "server_rss_max_mb": q["server_rss_max_mb"]}
+                                    "well_behaved_errors": q["load"]["errors"],
+                                    "server_rss_max_mb": q["server_rss_max_mb"]}
     if "cycle" not in a.skip:
         report["cycled"] = cycle_phase(a, cache, built, spec)
         default = report["cycled"]["default_budgets"]["by_checkpoints"]
@@ -371,15 +372,13 @@ def main(argv: list[str] | None = None) -> int:
                                            for run in report["cycled"]}
         fifty = str(50 if 50 in a.cycle else max(a.cycle))
         one = str(min(a.cycle))
+        sized = report["cycled"]["sized_budgets"]["by_checkpoints"]
+        p99 = lambda run, n: run[n]["ranking_page_1000"]["p99_ms"]  # noqa: E731
         report["cycle_goal"] = {
-            "at": int(fifty), "p99_ms": default[fifty]["ranking_page_1000"]["p99_ms"],
-            "one_checkpoint_p99_ms": default[one]["ranking_page_1000"]["p99_ms"],
-            "within_3x": default[fifty]["ranking_page_1000"]["p99_ms"] <= 3 * default[one]["ranking_page_1000"]["p99_ms"],
+            "at": int(fifty), "p99_ms": p99(default, fifty), "one_checkpoint_p99_ms": p99(default, one),
+            "within_3x": p99(default, fifty) <= 3 * p99(default, one),
             "budget_exceeded": default[fifty]["budget_exceeded"],
-            "with_sized_budgets_within_3x": (report["cycled"]["sized_budgets"]["by_checkpoints"][fifty]
-                                             ["ranking_page_1000"]["p99_ms"]
-                                             <= 3 * report["cycled"]["sized_budgets"]["by_checkpoints"][one]
-                                             ["ranking_page_1000"]["p99_ms"])}
+            "with_sized_budgets_within_3x": p99(sized, fifty) <= 3 * p99(sized, one)}
     report["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     goals = []
     if "stalled" in report:

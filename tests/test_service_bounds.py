@@ -324,12 +324,11 @@ def test_registrations_are_bounded_paged_and_removable_without_losing_what_is_st
         env = Env(tmp_path, client, fake)
         cks = [env.checkpoint(f"ck{i}").json()["id"] for i in range(2)]  # registers pool, gsm, math
         for ck in cks:
-            jobs = [env.get(f"/v1/checkpoints/{ck}").json()["job"]["id"]]
-            assert env.wait(jobs[0])["state"] == "succeeded"
+            assert env.wait(env.get(f"/v1/checkpoints/{ck}").json()["job"]["id"])["state"] == "succeeded"
         r = env.checkpoint("ck2")
         assert r.status_code == 409 and r.json()["error"]["code"] == "registry_full"
-        assert "max_checkpoints=2" in r.json()["error"]["message"] and "DELETE /v1/checkpoints/{id}" in r.json()["error"]["message"]
-        assert env.get("/v1/jobs/none").status_code == 404
+        message = r.json()["error"]["message"]
+        assert "max_checkpoints=2" in message and "DELETE /v1/checkpoints/{id}" in message
         env.dataset("extra", "validation")
         path = tmp_path / "data" / "more.jsonl"
         path.write_text('{"prompt_id": "a", "prompt": "q", "answer": "1"}\n')

@@ -47,7 +47,8 @@ class _BoundsCollector(Collector):
         yield entries
         yield GaugeMetricFamily("cropi_answer_bytes_in_flight", "Bytes of answers made and not yet sent",
                                 value=b["answers"]["bytes"])
-        yield GaugeMetricFamily("cropi_answers_in_flight", "Answers counted in the ledger", value=b["answers"]["answers"])
+        yield GaugeMetricFamily("cropi_answers_in_flight", "Answers counted in the ledger",
+                                value=b["answers"]["answers"])
         yield GaugeMetricFamily("cropi_batches_waiting", "Gradient batches waiting for a turn", value=b["waiting"])
 
 

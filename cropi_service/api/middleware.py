@@ -142,7 +142,8 @@ class AnswerFlow:
         try:
             self.ledger.admit(caller)
         except BusyError as e:
-            return await send_error(send, e.http_status, e.code, str(e), [(b"retry-after", str(e.retry_after_s).encode())])
+            retry = [(b"retry-after", str(e.retry_after_s).encode())]
+            return await send_error(send, e.http_status, e.code, str(e), retry)
 
         async def send_in_pieces(message: dict) -> None:
             body = message.get("body", b"") if message["type"] == "http.response.body" else b""

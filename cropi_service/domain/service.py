@@ -14,13 +14,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Hashable, TypeVar
 
+import anyio.to_thread
 import pyarrow as pa
 
 from cropi.contracts import POOL
 from cropi.errors import CorruptDataError, CropiError, InvalidInputError
 
-from ..base.errors import (BusyError, JobRunningError, NotReadyError, RankingConflictError, RegistryFullError, ResponseTooLargeError,
-                           UnknownIdError)
+from ..base.errors import (BusyError, JobRunningError, NotReadyError, RankingConflictError, RegistryFullError,
+                           ResponseTooLargeError, UnknownIdError)
 from ..base.paths import confine
 from ..base.settings import ServiceSettings
 from ..jobs.runner import Runner
@@ -66,10 +67,9 @@ class Service:
     def bounds(self) -> dict[str, Any]:
         """What the bounded memory holds now: (bytes, budget, entries) per cache, and answers in flight."""
         parts = getattr(self.library, "parts", None)
-        caches = {"ranking_views": (self.rankings.bytes, self.rankings.max_bytes, len(self.rankings)),
-                  "gradient_views": (self.gradient_views.bytes, self.gradient_views.max_bytes, len(self.gradient_views)),
-                  "ranking_pages": (self.ranking_pages.bytes, self.ranking_pages.max_bytes, len(self.ranking_pages)),
-                  "rendered_gradients": (self.rendered.bytes, self.rendered.max_bytes, len(self.rendered))}
+        caches = {name: (c.bytes, c.max_bytes, len(c)) for name, c in (
+            ("ranking_views", self.rankings), ("gradient_views", self.gradient_views),
+            ("ranking_pages", self.ranking_pages), ("rendered_gradients", self.rendered))}
         if parts is not None and hasattr(parts, "bytes"):
             caches["gradient_parts"] = (parts.bytes, parts.max_bytes, len(parts))
         return {"caches": caches, "answers": self.answers.snapshot(), "waiting": self.heavy.waiting}
@@ -372,9 +372,8 @@ class Service:
 
     @staticmethod
     async def _off_loop(fn: Callable[..., V], *args: Any) -> V:
-        """``fn(*args)`` in a request thread (it reads the store or makes a large answer)."""
-        import anyio.to_thread
-
+        """``fn(*args)`` in a request thread (it reads the store or makes a large answer). Not abandoned
+        when the request is cancelled: the turn and the reservation are given back only once it is done."""
         return await anyio.to_thread.run_sync(lambda: fn(*args))
 
     def check_response_size(self, view: GradientView, n: int, arrow: bool) -> None:
