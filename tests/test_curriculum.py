@@ -16,8 +16,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from cropi.cli import main as cli_main

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from hypothesis import given, settings
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 from cropi.demo import DemoSettings
 from cropi.demo.acceleration import FINAL_POINTS, SHARES, acceleration, aggregate, area_under_curve, first_reaching
 from cropi.demo.settings import METHODS
+from cropi.selection import SELECTORS
 from cropi.errors import CropiError
 from cropi.generation import Sample, render_prompt
 from cropi.generation.evaluate import EvalSet, evaluate_policy
@@ -328,7 +331,31 @@ def _check_report(out, quick: DemoSettings, methods) -> dict:
     for png in report["plots"]:
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "report.md").is_file()
+    assert report["default_selector"] in SELECTORS
+    assert set(report["wallclock_acceleration_at_share"]) == {"0.5", "0.75", "0.9"}
+    _check_diagnostics(out, quick, report["diagnostics"], methods)
     return report
+
+
+def _check_diagnostics(out, quick: DemoSettings, diagnostics: dict, methods) -> None:
+    """Every stage's saturation figures against a hand count from the run's own files."""
+    assert set(diagnostics) == set(methods)
+    for method, d in diagnostics.items():
+        for seed, stages in d["by_seed"].items():
+            assert sorted(stages, key=int) == [str(m) for m in range(quick.stages)]
+            for m, row in stages.items():
+                folder = out / "runs" / "curricula" / f"{method}-seed{seed}" / f"stage-{m}"
+                n = pq.read_table(folder / "subset.parquet").num_rows
+                rows = [json.loads(x) for x in (folder / "train" / "metrics.jsonl").read_text().splitlines()]
+                train = [r for r in rows if "eval" not in r]
+                assert row["n_selected"] == n
+                assert row["passes_per_stage"] == pytest.approx(len(train) * quick.batch_prompts / n)
+                assert row["zero_advantage_share"] == pytest.approx(np.mean([r["zero_advantage_groups"] for r in train]))
+                ends = [r for r in rows if r.get("stage_eval")]
+                assert ends and ends[-1]["step"] == max(r["step"] for r in train)  # read at the stage's end
+                assert row["random_alignment"] is not None and -1 <= row["selection_alignment"] <= 1
+    assert diagnostics["full"]["mean"]["0"]["selection_pass_rate"] == pytest.approx(
+        diagnostics["full"]["mean"]["0"]["pool_pass_rate"])  # the whole pool is its own selection
 
 
 @pytest.mark.slow

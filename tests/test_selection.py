@@ -200,3 +200,67 @@ def test_diverse_ranks_excluded_prompts_never_and_takes_what_fits():
     assert set(chosen) <= ok and len(chosen) == len(set(chosen))
     assert len(chosen) == min(fraction_count(0.2, len(ids)), len(positive))
     assert set(pick("diverse", ids, 1.0, ranking=ranking, vectors=vecs)) == {ids[i] for i in positive}
+
+
+# ---------------------------------------------------------------- what a selection is made of
+
+
+def test_field_skew_warns_on_a_latent_feature_the_answers_hide():
+    from cropi.scoring.diagnostics import FIELD_SKEW, field_skew
+
+    ids = [f"p{i}" for i in range(100)]
+    position = {p: ("last" if i % 4 == 0 else "first") for i, p in enumerate(ids)}  # 25% last in the pool
+    skewed = [p for p in ids if position[p] == "last"][:18] + [p for p in ids if position[p] == "first"][:2]
+    out = field_skew(skewed, {"answer_position": position})
+    row = out["fields"]["answer_position"]
+    assert row == {"value": "last", "selected_share": 0.9, "pool_share": 0.25}
+    assert [w["code"] for w in out["warnings"]] == [FIELD_SKEW]
+    even = [p for p in ids if position[p] == "last"][:5] + [p for p in ids if position[p] == "first"][:15]
+    assert field_skew(even, {"answer_position": position})["warnings"] == []  # 75% first, as the pool
+    assert field_skew(skewed[:9], {"answer_position": position})["warnings"] == []  # too few to judge
+
+
+def test_alignment_is_the_mean_pairwise_cosine_and_warns_past_a_batch_snr_of_one():
+    from cropi.scoring.diagnostics import CONCENTRATED, alignment
+
+    rng = np.random.default_rng(7)
+    pool = rng.normal(size=(40, 16))
+    pool[:3] = 0.0  # zero-advantage rows carry no direction: left out
+    shared = rng.normal(size=16)
+    chosen = shared + 0.3 * rng.normal(size=(10, 16))
+
+    def brute(rows):
+        rows = [r / np.linalg.norm(r) for r in rows if np.linalg.norm(r) > 0]
+        return np.mean([a @ b for a, b in itertools.combinations(rows, 2)])
+
+    out = alignment(chosen, pool, batch=16)
+    assert out["selection_alignment"] == pytest.approx(brute(chosen), abs=1e-12)
+    assert out["random_alignment"] == pytest.approx(brute(pool), abs=1e-12)
+    c = out["selection_alignment"]
+    assert out["batch_signal_to_noise"] == pytest.approx(16 * c / (1 - c))
+    assert [w["code"] for w in out["warnings"]] == [CONCENTRATED]
+    assert alignment(pool[3:13], pool, batch=16)["warnings"] == []  # a random draw: no warning
+    assert "batch_signal_to_noise" not in alignment(chosen, pool)  # no batch size, no verdict
+
+
+def test_lists_declares_the_answer_position_shortcut():
+    from cropi.data import PromptRecord
+    from cropi.tasks.lists import TASK, answer_position
+
+    def rec(question, answer):
+        return PromptRecord(prompt_id="x", prompt=[{"role": "user", "content": question}], answer=str(answer))
+
+    assert answer_position(rec("After 887 in 412 887 305?", 305)) == "last"
+    assert answer_position(rec("Before 887 in 412 887 305?", 412)) == "first"
+    assert answer_position(rec("Largest of 412 887 305?", 887)) == "middle"
+    assert answer_position(rec("First above 500 in 412 887 305?", 887)) == "middle"
+    assert answer_position(rec("Third of 305 412 887?", 887)) == "last"  # "of" when the list follows "of"
+    assert TASK.fields["answer_position"] is answer_position
+
+
+def test_every_demo_method_has_its_own_colour():
+    from cropi.demo.plots import color
+    from cropi.demo.settings import known_methods
+
+    colours = [color(m) for m in known_methods()]
+    assert len(set(colours)) == len(colours)

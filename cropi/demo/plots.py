@@ -12,9 +12,20 @@ SELECTION_PNG = "selection_mix.png"
 ESS_PNG = "ess_by_stage.png"
 SECONDS_PNG = "accuracy_vs_train_seconds.png"
 FILTERED_PNG = "filtered_fraction.png"
+DIAGNOSTICS_PNG = "diagnostics_by_stage.png"
+# One colour per method, none shared (``color`` gives any other method one no listed method uses).
 COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_rate": "tab:green",
-          "oracle": "tab:purple", "ippo": "tab:orange", "iif": "tab:brown", "random_filter": "tab:olive",
-          "cropi+iif": "tab:pink"}
+          "informative": "tab:cyan", "oracle": "tab:purple", "positive": "goldenrod", "diverse": "black",
+          "ippo": "tab:orange", "iif": "tab:brown", "random_filter": "tab:olive", "cropi+iif": "tab:pink",
+          "cropi_by_answer": "darkred", "cropi_theta": "salmon", "cropi_theta_refresh": "navy"}
+_SPARE = ("lime", "teal", "magenta", "sienna", "slateblue", "darkgreen", "crimson", "peru")
+
+
+def color(method: str) -> str:
+    """The method's colour: its own in ``COLORS``, else a spare one picked by a stable hash of its name."""
+    if method in COLORS:
+        return COLORS[method]
+    return _SPARE[sum(map(ord, method)) % len(_SPARE)]
 
 
 def draw_all(out: Path, report: dict, scores: dict, ess: dict) -> list[str]:
@@ -26,8 +37,43 @@ def draw_all(out: Path, report: dict, scores: dict, ess: dict) -> list[str]:
             score_plot(out / SCORES_PNG, scores),
             selection_plot(out / SELECTION_PNG, report["selection"]),
             ess_plot(out / ESS_PNG, ess),
-            seconds_plot(out / SECONDS_PNG, report["by_train_seconds"])] + \
+            seconds_plot(out / SECONDS_PNG, report["by_train_seconds"]),
+            diagnostics_plot(out / DIAGNOSTICS_PNG, report["diagnostics"])] + \
         ([filtered_plot(out / FILTERED_PNG, report["online_filter"])] if report["online_filter"] else [])
+
+
+def diagnostics_plot(path: Path, diagnostics: dict) -> str:
+    """Per method and stage (mean over seeds): how aligned its subset's gradients are (against a random
+    draw's, dashed), the share of all-equal groups it trained on, and the validation sets' change."""
+    import matplotlib.pyplot as plt
+
+    panels = (("selection_alignment", "mean pairwise gradient cosine (theta_0)"),
+              ("zero_advantage_share", "zero-advantage groups per step"),
+              ("validation_change", "validation accuracy change over the stage"))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for ax, (key, title) in zip(axes, panels):
+        for method, d in sorted(diagnostics.items()):
+            stages = sorted(d["mean"], key=int)
+            ys = [d["mean"][m].get(key) for m in stages]
+            ax.plot([int(m) for m in stages], [np.nan if y is None else y for y in ys], marker="o", ms=3,
+                    color=color(method), label=method)
+        if key == "selection_alignment" and diagnostics:
+            ref = next(iter(diagnostics.values()))["mean"]
+            ax.axhline(_first(ref, "random_alignment"), color="tab:gray", ls="--", lw=0.8, label="random draw")
+        if key == "validation_change":
+            ax.axhline(0.0, color="tab:gray", lw=0.6)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("stage")
+    axes[0].legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def _first(rows: dict, key: str) -> float:
+    values = [r.get(key) for r in rows.values() if r.get(key) is not None]
+    return values[0] if values else np.nan
 
 
 def seconds_plot(path: Path, by_seconds: dict) -> str:
@@ -39,7 +85,7 @@ def seconds_plot(path: Path, by_seconds: dict) -> str:
     for method, seeds in sorted(by_seconds.items()):
         n = min(len(p) for p in seeds.values())
         pts = np.array([p[:n] for p in seeds.values()])  # seeds x evaluations x (seconds, accuracy)
-        ax.plot(pts[:, :, 0].mean(0), pts[:, :, 1].mean(0), color=COLORS.get(method), label=method)
+        ax.plot(pts[:, :, 0].mean(0), pts[:, :, 1].mean(0), color=color(method), label=method)
     ax.set_xlabel("training seconds (sampling + filter + update)")
     ax.set_ylabel("target test accuracy (sampled)")
     ax.set_title("accuracy against training time (mean over seeds)", fontsize=10)
@@ -53,7 +99,7 @@ def filtered_plot(path: Path, stats: dict) -> str:
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for method, st in sorted(stats.items()):
         ax.plot(range(1, len(st["filtered_fraction_by_step"]) + 1), st["filtered_fraction_by_step"],
-                color=COLORS.get(method), label=method, lw=0.9)
+                color=color(method), label=method, lw=0.9)
     ax.set_xlabel("training step")
     ax.set_ylabel("fraction of responses filtered")
     ax.set_ylim(0, 1)
@@ -86,9 +132,9 @@ def accuracy_plot(path: Path, curves: dict) -> str:
     fig, axes = plt.subplots(1, len(curves), figsize=(6.0 * len(curves), 4.2), squeeze=False)
     for ax, (metric, by_method) in zip(axes[0], curves.items()):
         for method, c in by_method.items():
-            color = COLORS.get(method)
-            ax.plot(c["steps"], c["mean"], color=color, label=f"{method} (n={c['seeds']})")
-            ax.fill_between(c["steps"], c["min"], c["max"], color=color, alpha=0.15)
+            shade = color(method)
+            ax.plot(c["steps"], c["mean"], color=shade, label=f"{method} (n={c['seeds']})")
+            ax.fill_between(c["steps"], c["min"], c["max"], color=shade, alpha=0.15)
         ax.set_xlabel("training steps")
         ax.set_ylabel(f"target test accuracy ({metric})")
         ax.set_title(f"{metric} (mean; band: min-max over seeds)")

@@ -23,6 +23,11 @@ greedy accuracy is reported beside it. report.json keys:
 - ``trainer``: mean seconds per step (sampling, update) and per evaluation
 - ``by_train_seconds``: method -> seed -> [training seconds, sampled accuracy] at every evaluation
 - ``online_filter``: online-filter methods -> filtered fraction per step, filter cost, early stops
+- ``default_selector``: the product's default selector (cropi.selection.DEFAULT_SELECTOR);
+  ``versus_informative``: method -> whether it beats the informative control on AUC and at 75% and 90%
+  (the decision rule of docs/demo.md, per task); ``wallclock_acceleration_at_share``: the wall-clock
+  figure at every share
+- ``diagnostics``: method -> seed -> stage -> saturation and interference figures (cropi.demo.diagnostics)
 - ``timing_s`` (wall seconds per phase), ``cpu_s`` (CPU seconds, workers included; both summed over every
   invocation on the folder, so a resumed demo counts what its first run spent),
   ``plots`` (file names)
@@ -40,9 +45,11 @@ import pyarrow.parquet as pq
 
 from cropi.data import load_prompts
 from cropi.demo.acceleration import HEADLINE, SHARES, acceleration, aggregate, area_under_curve
+from cropi.demo.diagnostics import stage_diagnostics
 from cropi.demo.settings import DemoSettings
 from cropi.pipeline.rank import pool_labels
 from cropi.scoring.diagnostics import selection_mix
+from cropi.selection import DEFAULT_SELECTOR, RANKING_SELECTORS, get_selector
 from cropi.tasks.base import Task
 
 METRICS = ("sampled", "greedy")
@@ -68,6 +75,8 @@ def build_report(settings: DemoSettings, task: Task, data: dict, runs: list[dict
     at_share = {str(q): {m: step_acceleration(by_step, m, q) for m in methods} for q in SHARES}
     by_seconds = accuracy_by_train_seconds(runs, settings.eval_samples, scoring_cost(runs, timing, settings))
     by_method = at_share[str(HEADLINE)]
+    wallclock = {str(q): {m: wallclock_acceleration(by_seconds, m, q) for m in methods} for q in SHARES}
+    aucs = {m: auc(by_step, m) for m in sorted(by_step)}
     return {
         "settings": settings.model_dump(mode="json"),
         "task": {"name": task.name, "description": task.description, "targets": dict(task.targets),
@@ -78,8 +87,12 @@ def build_report(settings: DemoSettings, task: Task, data: dict, runs: list[dict
         "step_acceleration": by_method.get("cropi"),
         "acceleration_by_method": by_method,
         "acceleration_at_share": at_share,
-        "wallclock_acceleration_by_method": {m: wallclock_acceleration(by_seconds, m) for m in methods},
-        "auc_by_method": {m: auc(by_step, m) for m in sorted(by_step)},
+        "wallclock_acceleration_by_method": wallclock[str(HEADLINE)],
+        "wallclock_acceleration_at_share": wallclock,
+        "auc_by_method": aucs,
+        "default_selector": DEFAULT_SELECTOR,
+        "versus_informative": versus_informative(at_share, aucs),
+        "diagnostics": stage_diagnostics(runs, task, data["pool"], settings.batch_prompts, settings.eval_samples),
         "cost_s": scoring_cost(runs, timing, settings),
         "final": final_accuracy(by_step),
         "selection": stage_mix(runs, data["pool"]),
@@ -152,6 +165,27 @@ def step_acceleration(by_step: dict, method: str, share: float = HEADLINE) -> di
                           "same accuracy; censored: never reached, the value is an upper bound"}
 
 
+def versus_informative(at_share: dict, aucs: dict) -> dict:
+    """method -> which of the decision rule's comparisons with the informative control it wins (means over
+    seeds): AUC, and the step acceleration at 75% and at 90% of full-pool training's gain."""
+    if "informative" not in aucs:
+        return {}
+    out = {}
+    for method in aucs:
+        if method == "informative":
+            continue
+        wins = {"auc": _above(aucs[method]["mean"], aucs["informative"]["mean"])}
+        for q in ("0.75", "0.9"):
+            mine, theirs = at_share[q].get(method, {}).get("mean"), at_share[q]["informative"].get("mean")
+            wins[f"steps@{q}"] = _above(1.0 if method == "full" else mine, theirs)
+        out[method] = {**wins, "all": all(wins.values())}
+    return out
+
+
+def _above(a, b) -> bool:
+    return a is not None and b is not None and a > b
+
+
 def wallclock_acceleration(by_seconds: dict, method: str, share: float = HEADLINE) -> dict:
     """The same ratio in seconds: training steps' own time plus the method's scoring (``scoring_cost``)."""
     per_seed = {}
@@ -188,10 +222,10 @@ def scoring_cost(runs: list[dict], timing: dict, settings: DemoSettings) -> dict
     out: dict = defaultdict(dict)
     for run in runs:
         stages = {str(st["index"]): float(st.get("score_s") or 0.0) for st in run["stages"]}
-        if run["method"] in ("pass_rate", "informative"):
-            stages["0"] = stages.get("0", 0.0) + shared["collect"] * pool_share
-        elif run["selection"] == "cropi":
+        if run["selection"] in RANKING_SELECTORS:
             stages["0"] = stages.get("0", 0.0) + shared["collect"] + shared["score"]
+        elif "pass_rates" in get_selector(run["selection"]).needs:
+            stages["0"] = stages.get("0", 0.0) + shared["collect"] * pool_share
         out[run["method"]][str(run["seed"])] = stages
     return dict(out)
 
@@ -392,6 +426,7 @@ def markdown(report: dict) -> str:
               "bound). Steps: to reach 50 / 75 / 90% of full-pool training's own gain (90% is the headline). "
               "Wall-clock: the 90% figure in seconds, each method's training steps plus its own scoring "
               "(collection, gradients, ranking at every stage). AUC: mean target accuracy over the run.", ""]
+    lines += _verdict_lines(report) + _diagnostics_lines(report)
     for metric in METRICS:
         lines += [f"## Target accuracy ({metric}) by training step (mean ± std over seeds)", ""]
         c = report["curves"][metric]
@@ -435,6 +470,46 @@ def markdown(report: dict) -> str:
               "Wall time per phase (s): " + ", ".join(f"{k} {v:.0f}" for k, v in report["timing_s"].items())
               + f"; CPU time of the whole run: {report['cpu_s']:.0f} s.", ""]
     return "\n".join(lines)
+
+
+def _verdict_lines(report: dict) -> list[str]:
+    """The decision rule's comparisons with the informative control (docs/demo.md), per method."""
+    verdicts = report.get("versus_informative") or {}
+    if not verdicts:
+        return []
+    lines = ["## Against the informative control (the decision rule: AUC, steps @75%, steps @90%)", "",
+             f"The product's default selector: `{report['default_selector']}`.", "",
+             "| method | AUC | steps @75% | steps @90% | all three |", "|---|---|---|---|---|"]
+    mark = {True: "beats", False: "-"}
+    for method, v in sorted(verdicts.items()):
+        lines.append(f"| {method} | {mark[v['auc']]} | {mark[v['steps@0.75']]} | {mark[v['steps@0.9']]} | "
+                     f"{'**yes**' if v['all'] else 'no'} |")
+    return lines + [""]
+
+
+def _diagnostics_lines(report: dict) -> list[str]:
+    """Per method and stage (mean over seeds): saturation and interference (cropi.demo.diagnostics)."""
+    diag = report.get("diagnostics") or {}
+    if not diag:
+        return []
+    lines = ["## Why a selection helps or hurts: diagnostics per stage (mean over seeds)", "",
+             "passes: draws over subset size; zero-adv: share of all-equal groups per step; pass rate: theta_0's "
+             "offline pass rate of the subset (pool beside it); alignment: mean pairwise cosine of the subset's "
+             "theta_0 gradients (a random draw beside it) and the batch signal-to-noise it implies (above 1 "
+             "warns); val change: validation accuracy at the stage's end minus its start.", "",
+             "| method | stage | passes | zero-adv | pass rate (pool) | alignment (random) | batch SNR | val change |",
+             "|---|---|---|---|---|---|---|---|"]
+    for method, d in sorted(diag.items()):
+        for m, r in d["mean"].items():
+            lines.append(f"| {method} | {m} | {_num(r['passes_per_stage'], 1)} | {_num(r['zero_advantage_share'], 2)} | "
+                         f"{_num(r['selection_pass_rate'], 2)} ({_num(r['pool_pass_rate'], 2)}) | "
+                         f"{_num(r['selection_alignment'], 3)} ({_num(r['random_alignment'], 3)}) | "
+                         f"{_num(r['batch_signal_to_noise'], 2)} | {_num(r['validation_change'], 3)} |")
+    counts = {m: Counter(w["code"] for w in d["warnings"]) for m, d in diag.items()}
+    lines += ["", "Warnings over every seed and stage: " + "; ".join(
+        f"{m}: " + (", ".join(f"{c} {n}" for c, n in sorted(cs.items())) or "none") for m, cs in sorted(counts.items()))
+        + ".", ""]
+    return lines
 
 
 def _ess_table(ess: dict) -> list[str]:

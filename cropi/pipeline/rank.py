@@ -11,13 +11,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
+import numpy as np
 import pyarrow as pa
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS, NAME_PATTERN, POOL, SELECTED, Fusion
 from cropi.errors import InvalidInputError, NotFoundError
 from cropi.scoring import Ranking, rank_pool
-from cropi.scoring.diagnostics import selection_mix
+from cropi.scoring.diagnostics import alignment, selection_mix
 from cropi.selection import DEFAULT_SELECTOR, RANKING_SELECTORS, SELECTORS, SelectionInputs, get_selector, select
 from cropi.store import GradientStore, rankings
 
@@ -99,6 +100,18 @@ class RankingResult:
         return rows
 
 
+def selection_signal(table, chosen: list[str]) -> dict:
+    """The selection's offline pass rate against the pool's, and how much its gradients agree against a
+    random draw's (cropi.scoring.diagnostics.alignment): what tells a shortcut-prone subset apart."""
+    picked = set(chosen)
+    rows = [i for i, p in enumerate(table.prompt_ids) if p in picked]
+    rates = np.asarray(table.columns["reward_mean"], dtype=np.float64)
+    out = alignment(table.vectors[rows], table.vectors)
+    out.pop("warnings")
+    return {**out, "selection_pass_rate": float(np.nanmean(rates[rows])) if rows else None,
+            "pool_pass_rate": float(np.nanmean(rates))}
+
+
 def find_spec_id(store: str, name: str, spec_id: str | None, split: str) -> str:
     """The one spec a checkpoint's split was scored with, unless the caller names one."""
     found = sorted({s["spec_id"] for s in GradientStore(store).list_splits()
@@ -161,7 +174,7 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
     if groups:
         meta["validation_groups"] = sorted(ranking.scores)
     if labels is not None and top_fraction:
-        meta["selection"] = selection_mix(chosen, labels)
+        meta["selection"] = selection_mix(chosen, labels) | selection_signal(pool_t, chosen)
     _save(store, name, spec_id, replace or pool, table, meta)
     ess = {c: dict(zip(pool_t.prompt_ids, pool_t.columns[c].tolist()))
            for c in GRADIENT_OPTIONAL_COLUMNS if c in pool_t.columns} or None

@@ -15,9 +15,13 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Iterable, Mapping, Sequence
 
+import numpy as np
+
 SKEW_THRESHOLD = 0.2
 MIN_SELECTED = 10
 LABEL_SKEW = "label_skew"
+FIELD_SKEW = "field_skew"
+CONCENTRATED = "concentrated_selection"
 
 Labelled = tuple[str, str]  # (data_source, answer)
 
@@ -63,6 +67,69 @@ def skew_warnings(sources: Mapping[str, dict]) -> list[dict]:
                                    "in the pool: the ranking may be picking an answer label, and training on it "
                                    "can teach a constant answer. Check the subset, or rank with validation "
                                    "vectors grouped by answer (validation_groups='answer')"})
+    return out
+
+
+def field_skew(selected: Sequence[str], fields: Mapping[str, Mapping[str, str]]) -> dict:
+    """Label skew for any record field (``fields``: field -> prompt_id -> value, over the whole pool).
+
+    A latent feature a ranking can pick by while the answers themselves look spread: in the
+    ``lists`` demo, the answer's position in the list (docs/demo.md). Per field: the selection's
+    most common value with its share, against that value's share in the pool; a ``field_skew``
+    warning when the selection's share exceeds the pool's by more than ``SKEW_THRESHOLD``.
+    """
+    out, warnings = {}, []
+    for name, values in fields.items():
+        pool, picked = Counter(values.values()), Counter(values[p] for p in selected if p in values)
+        if not picked:
+            continue
+        value, count = picked.most_common(1)[0]
+        row = {"value": value, "selected_share": count / sum(picked.values()),
+               "pool_share": pool[value] / sum(pool.values())}
+        out[name] = row
+        if sum(picked.values()) >= MIN_SELECTED and row["selected_share"] - row["pool_share"] > SKEW_THRESHOLD:
+            warnings.append({"code": FIELD_SKEW, "field": name, "value": value, **row,
+                             "message": f"{row['selected_share']:.0%} of the selected prompts have {name}={value!r} "
+                                        f"against {row['pool_share']:.0%} in the pool: the ranking may be picking a "
+                                        "feature the targets share by chance (a shortcut), which training then "
+                                        "teaches. Check the subset, or use a selector that bounds the subset's "
+                                        "concentration (selector 'diverse')"})
+    return {"fields": out, "warnings": warnings}
+
+
+def alignment(selected: np.ndarray, pool: np.ndarray, batch: int | None = None) -> dict:
+    """How much the selected prompts' gradients agree, against a random draw of the pool's.
+
+    ``selected`` and ``pool`` are gradient rows (zero rows, prompts without signal, are left
+    out). ``selection_alignment`` is the selection's mean pairwise cosine; ``random_alignment``
+    the pool's, which is what a uniform random draw has in expectation. With the trainer's
+    ``batch`` prompts a step, a batch of ``B`` such unit gradients has a shared part of squared
+    norm about ``B c`` against ``1 - c`` of the rest (``batch_signal_to_noise = B c / (1 - c)``):
+    above 1 the shared direction dominates every batch and AdamW steps along it at full size
+    each step, where the learning rate was tuned for the pool's spread; that warns.
+    """
+    def mean_cos(rows: np.ndarray) -> float | None:
+        total, n = np.zeros(np.shape(rows)[1]), 0
+        for start in range(0, len(rows), 65_536):  # a million-row pool is summed without a float64 copy
+            block = np.asarray(rows[start:start + 65_536], dtype=np.float64)
+            norms = np.linalg.norm(block, axis=1)
+            total += (block[norms > 0] / norms[norms > 0, None]).sum(axis=0)
+            n += int((norms > 0).sum())
+        return float((total @ total - n) / (n * (n - 1))) if n >= 2 else None
+
+    sel, rand = mean_cos(selected), mean_cos(pool)
+    out = {"selection_alignment": sel, "random_alignment": rand, "warnings": []}
+    if batch and sel is not None and sel < 1:
+        snr = batch * sel / (1 - sel)
+        out["batch_signal_to_noise"] = snr
+        if snr >= 1:
+            out["warnings"].append({
+                "code": CONCENTRATED, "selection_alignment": sel, "random_alignment": rand,
+                "message": f"the selected prompts' gradients agree (mean pairwise cosine {sel:.3f} against {rand:.3f} "
+                           f"for a random draw): in batches of {batch} their shared direction outweighs the rest "
+                           f"({snr:.1f}x), so AdamW steps along it at full size every step and the subset can "
+                           "overshoot within a few steps. Shorten the stages, lower the learning rate, or use a "
+                           "selector that bounds the concentration (selector 'diverse')"})
     return out
 
 

@@ -57,6 +57,9 @@ class Task:
     seed: int = 0
     response_text: Callable[[PromptRecord], str] = field(default=lambda r: r.answer)
     description: str = ""
+    # name -> record -> value: latent features a selection may skew toward (a shortcut the targets
+    # share), checked for every stage subset beside the answer labels (cropi.scoring.diagnostics.field_skew)
+    fields: Mapping[str, Callable[[PromptRecord], str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         missing = [s for s in [POOL, WARMSTART, *self.target_splits()] if s not in self.sizes]

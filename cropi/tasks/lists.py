@@ -129,6 +129,19 @@ def _fresh(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecor
     return question, make_record(skill, level, question, answer)
 
 
+def answer_position(record: PromptRecord) -> str:
+    """Where the answer sits in the prompt's list: ``first``, ``last`` or ``middle``.
+
+    The shortcut CROPI's stage-0 selection took on this task: 94% of its picks had the list's
+    last number as answer (34% of the mixed-reward pool), and training on them taught the model
+    to answer the last number (docs/demo.md)."""
+    text = record.prompt if isinstance(record.prompt, str) else record.prompt[-1]["content"]
+    head, _, tail = text.rstrip("?").rpartition(" in " if " in " in text else " of ")
+    values = tail.split()
+    i = values.index(str(record.answer))
+    return "first" if i == 0 else "last" if i == len(values) - 1 else "middle"
+
+
 SIZES = {POOL: 1200, **{f"val_{s}": 100 for s in SKILLS}, **{f"test_{s}": 200 for s in SKILLS}, WARMSTART: 20000}
 
 TASK = Task(
@@ -136,4 +149,5 @@ TASK = Task(
     # stop_at: the first snapshot meeting the design criteria (docs/demo.md;
     # benchmarks/results/demo/warmstart_scan.json from python -m cropi.demo.build_assets --task lists --scan)
     warm_start=dict(size="tiny", steps=3000, batch_size=64, lr=1e-3, seed=0, stop_at=500),
-    description="copy one 3-digit number out of a list by a rule (six skills, lists of 3-5)")
+    description="copy one 3-digit number out of a list by a rule (six skills, lists of 3-5)",
+    fields={"answer_position": answer_position})

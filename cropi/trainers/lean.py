@@ -242,6 +242,7 @@ class _Run:
         if train and "filtered_fraction" in train[0]:
             metrics["filtered_fraction_mean"] = sum(r["filtered_fraction"] for r in train) / len(train)
         if train:
+            metrics |= {"zero_advantage_share": sum(r["zero_advantage_groups"] for r in train) / len(train)}
             metrics |= {"reward_mean": sum(r["reward_mean"] for r in train) / len(train),
                         "reward_first": train[0]["reward_mean"], "reward_last": train[-1]["reward_mean"],
                         "loss_last": train[-1]["loss"], "kl_last": train[-1]["kl"]}

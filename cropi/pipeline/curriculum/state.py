@@ -93,6 +93,7 @@ def summary(doc: dict, stages: int | None = None) -> dict:
                      "n_prompts": selected.get("n_prompts"), "checkpoint": trained.get("checkpoint"),
                      "steps_done": trained.get("steps_done"), "global_step": trained.get("global_step"),
                      "metrics": trained.get("metrics", {}), "metrics_path": trained.get("metrics_path"),
+                     "passes": trained.get("passes"),
                      "score_s": s.get("scored", {}).get("seconds"), "selection": selected.get("diagnostics"),
                      "refreshed": s.get("scored", {}).get("refreshed")})
     done = [r for r in rows if r["checkpoint"]]

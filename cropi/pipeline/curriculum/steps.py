@@ -95,7 +95,10 @@ def train(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, 
         shutil.rmtree(out)
     result = trainer.train_stage(model=model, subset=subset, out_dir=str(out), steps=config.steps_per_stage,
                                  seed=stage_seed(config.seed, m), stage=m, reward=config.reward)
-    return {"checkpoint": result.checkpoint, "fingerprint": model_fingerprint(result.checkpoint),
+    batch = config.trainer_options.get("batch_prompts")
+    n = len(load_prompts(subset))
+    passes = {"passes": result.steps_done * batch / n} if batch and n else {}  # saturation: draws over its size
+    return {**passes, "checkpoint": result.checkpoint, "fingerprint": model_fingerprint(result.checkpoint),
             "steps_done": result.steps_done, "global_step": result.global_step,
             "metrics": _finite(result.metrics), "log": result.log_path, "metrics_path": result.metrics_path}
 
