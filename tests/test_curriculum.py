@@ -322,3 +322,20 @@ def test_every_stage_records_its_selection_mix_against_the_pool(setup, cropi_run
     ranking = load_ranking(str(Path(setup["root"]) / "store"), result["stages"][0]["ranking"].split("/rankings/")[1]
                            .split("/")[0])
     assert ranking.meta["selection"]["n"] == result["stages"][0]["n_prompts"]
+
+
+def test_a_stage_record_checks_the_skew_of_declared_fields(setup, monkeypatch):
+    from collections import Counter
+
+    use_trainer(monkeypatch, FakeTrainer())
+    result = run_curriculum(make_config(setup, name="skew", method="random", stages=1, skew_fields=["level"]),
+                            root=setup["root"])
+    stage = result["stages"][0]
+    pool = {r.prompt_id: r for r in load_prompts(setup["files"]["pool"])}
+    picked = Counter(str(pool[r.prompt_id].extra_info.get("level")) for r in load_prompts(stage["subset"]))
+    value, count = picked.most_common(1)[0]
+    row = stage["selection"]["fields"]["level"]
+    share = sum(str(r.extra_info.get("level")) == row["value"] for r in pool.values()) / len(pool)
+    assert row["selected_share"] == pytest.approx(count / sum(picked.values())) and picked[row["value"]] == count
+    assert row["pool_share"] == pytest.approx(share)
+    assert stage["passes"] is None  # the fake trainer names no batch size

@@ -48,11 +48,35 @@ class RefreshOptions(BaseModel):
         return self
 
 
-class ScoreRequest(BaseModel):
-    """What to score and how. Old field names are accepted: ``spec`` for ``projection``,
-    ``top_fraction`` / ``fraction`` for ``select_fraction``, ``dtype`` for ``gradient_dtype``."""
+class ScoringSettings(BaseModel):
+    """How a pool is scored and its subset picked: the settings a score request and a curriculum share,
+    spelled once here (``CurriculumConfig`` extends it with its stages and trainer). Old names are
+    accepted: ``spec`` for ``projection``, ``top_fraction`` / ``fraction`` for ``select_fraction``,
+    ``dtype`` for ``gradient_dtype``, ``method`` for ``selector``."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
+    loss: LossOptions = LossOptions()
+    collect: CollectOptions = CollectOptions()
+    fusion: Fusion = _RANK["fusion"]
+    select_fraction: float = Field(_RANK["select_fraction"].default, gt=0, le=1,
+                                   description=_RANK["select_fraction"].description,
+                                   validation_alias=AliasChoices("select_fraction", "top_fraction", "fraction"))
+    selector: SelectorName = Field(_RANK["selector"].default, description=_RANK["selector"].description,
+                                   validation_alias=AliasChoices("selector", "method"))
+    selector_options: dict[str, Any] = _RANK["selector_options"]
+    max_validation: int = _RANK["max_validation"]
+    gradient_dtype: VectorDtype = Field("float16", description="stored vector dtype",
+                                        validation_alias=AliasChoices("gradient_dtype", "dtype"))
+    device: str = Field("auto", description="torch device for gradients ('auto': cuda when present)")
+    validation_groups: Literal["none", "answer"] = Field(
+        "none", description="'answer': one validation vector per answer label of each set, all fused (against "
+                            "label skew on short-answer tasks; see cropi.scoring.diagnostics)")
+
+
+class ScoreRequest(ScoringSettings):
+    """What to score and how (the shared settings are ``ScoringSettings``)."""
 
     name: Optional[str] = Field(None, pattern=NAME_PATTERN,
                                 description="checkpoint name in the store (default: derived from its content)")
@@ -64,23 +88,7 @@ class ScoreRequest(BaseModel):
                                                                      "are collected")
     behavior: Optional[str] = Field(None, description="checkpoint that collects missing trajectories "
                                                       "(default: the scored model)")
-    projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
-    loss: LossOptions = LossOptions()
-    collect: CollectOptions = CollectOptions()
-    fusion: Fusion = _RANK["fusion"]
-    select_fraction: float = Field(_RANK["select_fraction"].default, gt=0, le=1,
-                                   description=_RANK["select_fraction"].description,
-                                   validation_alias=AliasChoices("select_fraction", "top_fraction", "fraction"))
-    selector: SelectorName = _RANK["selector"]
-    selector_options: dict[str, Any] = _RANK["selector_options"]
-    max_validation: int = _RANK["max_validation"]
     seed: int = _RANK["seed"]
-    gradient_dtype: VectorDtype = Field("float16", description="stored vector dtype",
-                                  validation_alias=AliasChoices("gradient_dtype", "dtype"))
-    device: str = Field("auto", description="torch device for gradients ('auto': cuda when present)")
-    validation_groups: Literal["none", "answer"] = Field(
-        "none", description="'answer': one validation vector per answer label of each set, all fused (against "
-                            "label skew on short-answer tasks; see cropi.scoring.diagnostics)")
 
     _validation_names = field_validator("validation")(classmethod(lambda cls, v: validation_names(v)))
 

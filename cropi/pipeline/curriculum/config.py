@@ -4,67 +4,50 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 
-from cropi.contracts import NAME_HELP, Fusion, VectorDtype, is_name
+from cropi.contracts import NAME_HELP, is_name
 from cropi.errors import InvalidInputError
 from cropi.generation import CollectOptions
-from cropi.gradients import LossOptions
 from cropi.pipeline.rank import SelectorName
-from cropi.pipeline.requests import RefreshOptions, ScoreRequest, validation_names
+from cropi.pipeline.requests import RefreshOptions, ScoreRequest, ScoringSettings, validation_names
 from cropi.selection import RANKING_SELECTORS, SELECTORS, get_selector
-from cropi.projection import ProjectionSpec
 from cropi.utils.hashing import short_hash
 
 METHODS = SELECTORS  # a curriculum's method is a selector of the registry
 MAX_STAGES = 1000
-_REQUEST = ScoreRequest.model_fields  # the scoring settings share the score step's defaults and bounds
 
 
 class CurriculumConfigError(InvalidInputError):
     """A curriculum config that cannot run (a bad file, a missing validation set)."""
 
 
-class CurriculumConfig(BaseModel):
-    """One staged curriculum. ``fraction`` and ``spec`` are accepted for ``select_fraction`` and ``projection``,
-    ``method`` for ``selector``.
-
-    ``reward`` is the curriculum's one reward: trajectories are collected and the trainer
-    trains with it (``collect.reward`` is set from it).
-    """
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+class CurriculumConfig(ScoringSettings):
+    """One staged curriculum: the scoring settings (``ScoringSettings``, shared with the score step) and
+    its stages and trainer. ``reward`` is the curriculum's one reward: trajectories are collected and the
+    trainer trains with it (``collect.reward`` is set from it)."""
 
     name: str = Field(description="the curriculum's folder under <root>/curricula")
     model: str = Field(min_length=1, description="initial checkpoint (Hugging Face folder)")
     pool: str = Field(min_length=1, description="prompt pool file (jsonl, parquet, verl parquet)")
     validation: dict[str, str] = Field(default_factory=dict, description="validation split name -> prompt file")
     stages: int = Field(3, ge=1, le=MAX_STAGES)
-    select_fraction: float = Field(0.1, gt=0, le=1, validation_alias=AliasChoices("select_fraction", "fraction",
-                                                                                  "top_fraction"))
     steps_per_stage: int = Field(10, ge=1)
-    selector: SelectorName = Field("cropi", validation_alias=AliasChoices("selector", "method"),
-                                   description="the stage subset's rule (cropi.selection): " + ", ".join(SELECTORS))
-    selector_options: dict[str, Any] = _REQUEST["selector_options"]
+    selector: SelectorName = Field("cropi", description=ScoringSettings.model_fields["selector"].description,
+                                   validation_alias=AliasChoices("selector", "method"))
+    skew_fields: list[str] = Field(default_factory=list, max_length=32, description="keys of the pool records' "
+                                   "extra_info whose skew every stage's record checks beside the answer labels "
+                                   "(a latent feature the targets may share: a shortcut)")
     trainer: str = "trl"
     trainer_options: dict[str, Any] = Field(default_factory=dict)
     seed: int = Field(0, ge=0)
     reward: str = CollectOptions.model_fields["reward"]
-    collect: CollectOptions = CollectOptions()
     recollect_each_stage: bool = False
     refresh: Optional[RefreshOptions] = Field(
         None, description="CROPI, at every stage after the first: re-collect the pool prompts this picks at "
                           "theta_m and rank them from their fresh gradients (cropi.pipeline.refresh)")
-    projection: ProjectionSpec = Field(ProjectionSpec(), validation_alias=AliasChoices("projection", "spec"))
-    loss: LossOptions = LossOptions()
-    fusion: Fusion = _REQUEST["fusion"]
-    max_validation: int = _REQUEST["max_validation"]
-    gradient_dtype: VectorDtype = Field(
-        "float16", description="stored vector dtype", validation_alias=AliasChoices("gradient_dtype", "dtype"))
-    device: str = _REQUEST["device"]
-    validation_groups: Literal["none", "answer"] = _REQUEST["validation_groups"]
 
     @field_validator("name")
     @classmethod
@@ -137,8 +120,9 @@ class CurriculumConfig(BaseModel):
         """
         doc = self.model_dump(mode="json", exclude={"stages"})
         doc["method"] = doc.pop("selector")  # the key's name before the selector registry
-        if not doc["selector_options"]:
-            doc.pop("selector_options")  # added later: curricula started before it keep their key
+        for later in ("selector_options", "skew_fields"):  # added later: curricula started before keep their key
+            if not doc[later]:
+                doc.pop(later)
         doc["loss"] = self.loss.recorded()  # CROPI's estimator as before the choice existed
         doc["projection"] = self.projection.recorded()  # no factor fields unless the kind is factored
         if doc["refresh"] is None:
@@ -151,15 +135,14 @@ class CurriculumConfig(BaseModel):
         return short_hash(doc)
 
     def score_request(self, model: str, behavior: str) -> ScoreRequest:
-        """The score step's request for ``model`` over ``behavior``'s trajectories: the pool, and
-        for CROPI the validation sets (the pass-rate baseline needs the pool's trajectories only)."""
-        validation = self.validation if self.ranks else {}
-        selector = dict(selector=self.selector, selector_options=self.selector_options) if self.ranks else {}
-        return ScoreRequest(model=model, behavior=behavior, pool=self.pool, validation=validation,
-                            projection=self.projection, loss=self.loss, collect=self.collect, **selector,
-                            fusion=self.fusion, select_fraction=self.select_fraction,
-                            max_validation=self.max_validation, seed=self.seed, gradient_dtype=self.gradient_dtype,
-                            device=self.device, validation_groups=self.validation_groups)
+        """The score step's request for ``model`` over ``behavior``'s trajectories: the pool, and for a
+        ranking selector the validation sets (the pass-rate controls need the pool's trajectories only)."""
+        shared = self.model_dump(include=set(ScoringSettings.model_fields))
+        if not self.ranks:  # the request ranks nothing: its selector is moot
+            shared.pop("selector")
+            shared.pop("selector_options")
+        return ScoreRequest(model=model, behavior=behavior, pool=self.pool,
+                            validation=self.validation if self.ranks else {}, seed=self.seed, **shared)
 
 
 def _resolve_paths(data: dict, base: Path) -> dict:

@@ -29,7 +29,7 @@ from cropi.errors import InvalidInputError
 from cropi.pipeline.curriculum.config import MAX_STAGES, CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumPaths
 from cropi.pipeline.rank import pool_labels
-from cropi.scoring.diagnostics import selection_mix
+from cropi.scoring.diagnostics import field_skew, selection_mix
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.score import ensure_trajectories, score_checkpoint
 from cropi.selection import SelectionInputs, get_selector, pass_rate_score, pass_rates, select
@@ -86,6 +86,10 @@ def select_stage(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool:
     subset = paths.stage(m) / "subset.parquet"
     write_verl_parquet([pool[p] for p in chosen], str(subset), split="train")
     mix = selection_mix(chosen, pool_labels(pool.values()))
+    if config.skew_fields:
+        fields = {f: {p: str(r.extra_info.get(f)) for p, r in pool.items()} for f in config.skew_fields}
+        skew = field_skew(chosen, fields)
+        mix = mix | {"fields": skew["fields"], "warnings": mix["warnings"] + skew["warnings"]}
     return {"subset": str(subset), "n_prompts": len(chosen), "pool_size": len(pool), "diagnostics": mix}
 
 
