@@ -22,7 +22,13 @@ ranks against the exact one, so a factored cell's loss splits into "which parame
 projection". ``--cells factored`` runs only those cells (plus the default spec as the anchor) and writes
 DIR/fidelity_factored.json beside the full grid's file.
 
-    python benchmarks/fidelity.py [--quick] [--cells factored] --out DIR   ->  DIR/fidelity.json, DIR/fidelity.png
+``tensorsketch`` cells (cropi.projection.tensorsketch: the same parameters, one shared sketch of
+dim k) project the same full gradients through ``TensorSketchProjector.project``, which equals its
+hook path (tests/test_batched_sketch.py). ``batched_goal`` says, per batched cell, whether every seed
+reaches precision@10% >= 0.95 at >= 100x; ``exact_boundary`` lists the exact cosines around the
+top-10% cut (near-ties there cost precision whatever the projection).
+
+    python benchmarks/fidelity.py [--quick] [--cells factored,tensorsketch] --out DIR   ->  DIR/fidelity.json, DIR/fidelity.png
 """
 
 from __future__ import annotations
@@ -51,9 +57,10 @@ MODEL_DIMS = dict(hidden_size=384, num_attention_heads=6, num_key_value_heads=2,
 DEFAULT = ProjectionSpec()
 SEEDS = (0, 1, 2)
 FULL = dict(pool=640, val=50, dims=(4096, 32768), fractions=(1.0, 0.1, 0.01), dense_dims=(1024,),
-            factors=(4, 8, 16, 32))
+            factors=(4, 8, 16, 32), sketch_dims=(4096, 32768))
 # --quick: the demo's shipped 0.45M model (no warm-start to build), a small pool and grid.
-QUICK = dict(pool=80, val=8, dims=(4096, 32768), fractions=(0.1, 0.01), dense_dims=(1024,), factors=(4, 8, 16))
+QUICK = dict(pool=80, val=8, dims=(4096, 32768), fractions=(0.1, 0.01), dense_dims=(1024,), factors=(4, 8, 16),
+             sketch_dims=(4096,))
 DENSE_FRACTION = 0.01  # a dense k x |S| matrix is generated per block: only a small S is affordable on CPU
 BLOCK = 32
 # Projecting every kept coordinate (r = 1) and generating dense matrices cost most on CPU: those
@@ -67,10 +74,12 @@ def warm_config():
 
 def grid(cfg: dict, only: str | None = None) -> dict[str, tuple[ProjectionSpec, tuple[int, ...]]]:
     """Cell name -> (spec at seed 0, the seeds it runs at). The default spec is its own cell.
-    ``only``: keep the cells whose name starts with it (and the default)."""
+    ``only``: comma-separated prefixes; keep the cells whose name starts with one (and the default)."""
     cells = {}
     for f in cfg["factors"]:
         cells[f"factored/{f}x{f}"] = (ProjectionSpec(kind="factored", factor_in=f, factor_out=f), SEEDS)
+    for k in cfg["sketch_dims"]:
+        cells[f"tensorsketch/k={k}"] = (ProjectionSpec(kind="tensorsketch", dim=k), SEEDS)
     for k in cfg["dims"]:
         for r in cfg["fractions"]:
             spec = ProjectionSpec(kind="sjlt", dim=k, kept_fraction=r)
@@ -81,7 +90,8 @@ def grid(cfg: dict, only: str | None = None) -> dict[str, tuple[ProjectionSpec, 
         for k in cfg["dense_dims"]:
             cells[f"{kind}/k={k}/r={DENSE_FRACTION}"] = (ProjectionSpec(kind=kind, dim=k, kept_fraction=DENSE_FRACTION),
                                                          SEEDS[:1])
-    return {k: v for k, v in cells.items() if only is None or k == "default" or k.startswith(only)}
+    prefixes = None if only is None else tuple(only.split(","))
+    return {k: v for k, v in cells.items() if prefixes is None or k == "default" or k.startswith(prefixes)}
 
 
 def full_gradients(computer: GradientComputer, trajs, label: str):
@@ -179,6 +189,7 @@ def run(quick: bool, out: Path, workdir: Path, only: str | None = None) -> dict:
                               "spearman": float(np.mean([v["spearman"] for v in per_seed.values()])),
                               "seeds": {str(s): v for s, v in per_seed.items()}}
     d = report_cells["default"]
+    top_n = max(1, int(round(0.1 * ok.sum())))
     rewards = np.array([[r for r in t.rewards] for t in pool], dtype=float)
     report = {"quick": quick, "model": "demo shipped model" if quick else MODEL_NAME,
               "model_parameters": n_params, "model_dims": None if quick else MODEL_DIMS,
@@ -199,11 +210,19 @@ def run(quick: bool, out: Path, workdir: Path, only: str | None = None) -> dict:
                           "linear layers and the embedding; no biases, norms) against that of all parameters",
                   "coordinates": int(linear.sum()), "precision_at_10": precision_at(exact, exact_lin),
                   "spearman": float(spearmanr(exact, exact_lin).statistic)},
+              "batched_goal": {
+                  name: {"precision_at_10_each_seed": [v["precision_at_10"] for v in c["seeds"].values()],
+                         "compression": c["compression"],
+                         "met": bool(min(v["precision_at_10"] for v in c["seeds"].values()) >= 0.95
+                                     and c["compression"] >= 100)}
+                  for name, c in report_cells.items() if c["kind"] in ("factored", "tensorsketch")},
+              "exact_boundary": {"ranks": f"{top_n - 3}..{top_n + 4} (1-based; the cut after rank {top_n})",
+                                 "cosines": np.sort(exact)[::-1][top_n - 4:top_n + 4].round(5).tolist()},
               "grid": report_cells,
               "seconds": {"model": t_model, "collect": t_collect, "gradients_and_projections": t_grad,
                           "total": time.perf_counter() - t0},
               "environment": environment()}
-    stem = "fidelity" if only is None else f"fidelity_{only.strip('/').replace('/', '_')}"
+    stem = "fidelity" if only is None else "fidelity_" + "_".join(p.strip("/").replace("/", "_") for p in only.split(","))
     write_json(out, f"{stem}.json", report)
     plot(report, cfg, scatter, out / f"{stem}.png")
     return report
@@ -230,7 +249,7 @@ def plot(report: dict, cfg: dict, scatter, path: Path) -> None:
         ax.errorbar([c["kept_fraction"] for c in rows], [c["precision_at_10"] for c in rows],
                     yerr=[c["precision_at_10_std"] or 0 for c in rows], marker="o", capsize=3, label=f"sjlt k={k}")
     for name, c in cells.items():
-        if c["kind"] == "factored":
+        if c["kind"] in ("factored", "tensorsketch"):
             ax.errorbar([1.0], [c["precision_at_10"]], yerr=[c["precision_at_10_std"] or 0], marker="^", capsize=3,
                         linestyle="none", label=f"{name} ({c['compression']:.0f}x)")
         if c["kind"] in ("gaussian", "rademacher"):
@@ -259,7 +278,8 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="the demo's shipped model, fewer prompts and cells")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--workdir", type=Path, default=None, help="where the model is built and cached (default: OUT/work)")
-    ap.add_argument("--cells", default=None, help="run only the cells whose name starts with this (e.g. factored)")
+    ap.add_argument("--cells", default=None, help="run only the cells whose name starts with one of these "
+                    "comma-separated prefixes (e.g. factored,tensorsketch)")
     a = ap.parse_args(argv)
     report = run(a.quick, a.out, a.workdir or a.out / "work", a.cells)
     print(f"precision@10% (default spec {DEFAULT.spec_id}, {len(SEEDS)} seeds): {report['precision_at_10']:.3f} "

@@ -111,8 +111,11 @@ class GradientComputer:
 
 
 def make_computer(model: torch.nn.Module, projector, options: LossOptions | None = None):
-    """The gradient computer for ``projector``'s kind: batched for ``factored``, per prompt otherwise."""
-    if projector.spec.kind == "factored":
+    """The gradient computer for ``projector``'s kind: batched for ``factored`` and ``tensorsketch``
+    (cropi.projection.spec.BATCHED_KINDS), per prompt otherwise."""
+    from cropi.projection.spec import is_batched
+
+    if is_batched(projector.spec):
         from cropi.gradients.factored import FactoredComputer
 
         return FactoredComputer(model, projector, options)

@@ -1,7 +1,12 @@
-"""Per-row factored gradient blocks from one batched forward and backward (no weight gradient formed).
+"""Per-row projected gradients from one batched forward and backward (no weight gradient formed).
 
-``FactoredHooks(model, projector)`` finds the modules that use every parameter a
-``FactoredProjector`` covers: ``nn.Linear`` layers, and the input ``nn.Embedding`` (with tied
+``FactoredHooks(model, projector)`` serves the projectors of the batched kinds (``factored``:
+Kronecker blocks; ``tensorsketch``: one shared TensorSketch; cropi.projection.spec.BATCHED_KINDS).
+Each says what a layer's forward pass keeps (``keep_input``), what a layer's backward adds to each
+row (``layer_block``) and what the input embedding adds (``embedding_block``); the hooks below are
+the same for both. Described for the factored kind, whose terms the docs use.
+
+It finds the modules that use every parameter the projector covers: ``nn.Linear`` layers, and the input ``nn.Embedding`` (with tied
 weights one matrix is both the embedding and the output layer; its block is the sum of both
 uses, as its gradient is). Inside ``with hooks.capture(token_mask) as cap``:
 
@@ -29,29 +34,30 @@ from typing import Iterator
 import torch
 
 from cropi.errors import InvalidInputError
-from cropi.projection.factored import FactoredProjector
 
 
 class Capture:
     """What one forward/backward under ``FactoredHooks.capture`` collects."""
 
-    def __init__(self, n_rows: int, out_dim: int, mask: torch.Tensor, dtype: torch.dtype):
-        self.rows = torch.zeros(n_rows, out_dim, dtype=dtype, device=mask.device)
+    def __init__(self, n_rows: int, projector, mask: torch.Tensor, dtype: torch.dtype):
+        self.projector = projector
+        self.rows = torch.zeros(n_rows, projector.out_dim, dtype=dtype, device=mask.device)
         self.mask = mask.to(dtype)[..., None]
         self.inputs: dict[str, torch.Tensor] = {}
         self.anchor: torch.Tensor | None = None
         self.tokens: torch.Tensor | None = None
-        self.embedding_blocks = []  # (start, stop, P_out^T, P_in^T) of a covered input embedding
+        self.embedded: list[str] = []  # covered parameters used as the input embedding
+
+    def add(self, start: int, stop: int, values: torch.Tensor) -> None:
+        self.rows[:, start:stop] += values
 
     def backward(self, loss: torch.Tensor) -> None:
         """Run the backward pass the hooks listen to (activation gradients only)."""
         if self.anchor is None:
             raise RuntimeError("no forward pass ran under this capture")
         (g,) = torch.autograd.grad(loss, [self.anchor])
-        for start, stop, pout, pin in self.embedding_blocks:
-            rows = pout[self.tokens] * self.mask                    # P_out e_token: (rows, tokens, factor_out)
-            block = torch.einsum("bta,btc->bac", rows, g.to(self.rows.dtype) @ pin)
-            self.rows[:, start:stop] += block.reshape(block.shape[0], -1)
+        for name in self.embedded:
+            self.add(*self.projector.embedding_block(name, self.tokens, g.to(self.rows.dtype), self.mask))
 
     def masked(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (rows, tokens, k) zeroed on padding; an output layer sees only the last positions."""
@@ -61,9 +67,10 @@ class Capture:
 class FactoredHooks:
     """The linear layers a factored projector covers, and their hooks."""
 
-    def __init__(self, model: torch.nn.Module, projector: FactoredProjector):
-        if not isinstance(projector, FactoredProjector):
-            raise InvalidInputError(f"factored hooks need a factored projector, got {type(projector).__name__}")
+    def __init__(self, model: torch.nn.Module, projector):
+        if not getattr(projector, "hook_path", False):
+            raise InvalidInputError(f"the batched hooks need a projector of a batched kind (factored, tensorsketch), "
+                                    f"got {type(projector).__name__}")
         self.model, self.projector = model, projector
         self.embedding = model.get_input_embeddings()
         params = dict(model.named_parameters())
@@ -86,11 +93,8 @@ class FactoredHooks:
         """Hooks on for one forward and one ``Capture.backward``; ``token_mask`` (rows, tokens): 1 on real tokens."""
         param = next(self.model.parameters())
         dtype = torch.promote_types(param.dtype, torch.float32)
-        cap = Capture(token_mask.shape[0], self.projector.out_dim, token_mask.to(param.device), dtype)
-        for name in self.embedded:
-            start = self.projector.offset(name)
-            cap.embedding_blocks.append((start, start + self.projector.block_size,
-                                         *self.projector.matrices(name, device=param.device, dtype=dtype)))
+        cap = Capture(token_mask.shape[0], self.projector, token_mask.to(param.device), dtype)
+        cap.embedded = list(self.embedded)
         handles = [self.embedding.register_forward_hook(lambda m, i, out: self._anchor(cap, i[0], out))]
         for name, module in self.layers:
             handles.append(module.register_forward_hook(self._forward_hook(cap, name)))
@@ -108,21 +112,18 @@ class FactoredHooks:
         return out
 
     def _forward_hook(self, cap: Capture, name: str):
-        pout, pin = self.projector.matrices(name, device=cap.rows.device, dtype=cap.rows.dtype)
-        start = self.projector.offset(name)
-        stop = start + self.projector.block_size
+        projector = self.projector
 
         def forward(module, inputs, output):
             if name in cap.inputs:
-                raise RuntimeError(f"{name} ran twice in one forward: factored projection needs each projected "
+                raise RuntimeError(f"{name} ran twice in one forward: the batched projection needs each projected "
                                    "layer called once per pass")
-            cap.inputs[name] = cap.masked(inputs[0].to(cap.rows.dtype) @ pin)
+            # masking what is kept (P_in x_t, or x_t) zeroes padding's share whatever delta is there
+            cap.inputs[name] = cap.masked(projector.keep_input(name, inputs[0].to(cap.rows.dtype)))
             if output.requires_grad:
                 output.register_hook(backward)
 
         def backward(delta):
-            d = delta.to(cap.rows.dtype) @ pout                        # (rows, tokens, factor_out)
-            block = torch.einsum("bta,btc->bac", d, cap.inputs.pop(name))  # (rows, factor_out, factor_in)
-            cap.rows[:, start:stop] += block.reshape(block.shape[0], -1)
+            cap.add(*projector.layer_block(name, delta.to(cap.rows.dtype), cap.inputs.pop(name)))
 
         return forward

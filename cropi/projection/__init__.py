@@ -21,6 +21,7 @@ _TORCH_PARTS = {
     "ProjectionInputError": "cropi.projection.inputs",
     "Projector": "cropi.projection.base",
     "SJLTProjector": "cropi.projection.sjlt",
+    "TensorSketchProjector": "cropi.projection.tensorsketch",
     "make_projector": "cropi.projection.factory",
 }
 __getattr__ = lazy_exports(__name__, _TORCH_PARTS)

@@ -11,6 +11,7 @@ from cropi.projection.dense import DEFAULT_BLOCK_ELEMS, DenseProjector
 from cropi.projection.factored import FactoredProjector
 from cropi.projection.identity import IdentityProjector
 from cropi.projection.sjlt import SJLTProjector
+from cropi.projection.tensorsketch import TensorSketchProjector
 from cropi.projection.spec import ProjectionSpec
 
 
@@ -30,6 +31,8 @@ def make_projector(spec: ProjectionSpec, param_shapes: Mapping[str, tuple[int, .
         return SJLTProjector(spec, param_shapes, **common)
     if spec.kind == "factored":
         return FactoredProjector(spec, param_shapes, **common)
+    if spec.kind == "tensorsketch":
+        return TensorSketchProjector(spec, param_shapes, **common)
     if spec.kind in ("gaussian", "rademacher"):
         return DenseProjector(spec, param_shapes, max_block_elems=max_block_elems, **common)
     return IdentityProjector(spec, param_shapes, **common)

@@ -29,6 +29,13 @@ Field meanings:
   leave it unset) and nothing is subsampled (``kept_fraction`` is 1).
 - ``factor_in`` / ``factor_out``: the factored kind's per-layer sizes; None for every
   other kind, and then absent from ``spec_id`` (ids of stored specs are unchanged).
+- ``tensorsketch`` (cropi.projection.tensorsketch): the same parameters as ``factored`` (2-d
+  weights of linear layers and the input embedding) and the same batched hook path, but every
+  layer's gradient ``G`` is count-sketched into one shared ``dim``-vector with the pair hash
+  ``bucket(o, i) = h_out(o) + h_in(i) mod dim``, ``sign = s_out(o) s_in(i)`` (Pham and Pagh's
+  TensorSketch): computed per token from the two sides' count sketches by FFT, so ``G`` is never
+  formed, and its error shrinks as 1/sqrt(dim) even for rank-one gradients, where the factored
+  kind's shrinks only as 1/sqrt(factor) (docs/batched_scoring.md). ``kept_fraction`` is 1.
 """
 
 from __future__ import annotations
@@ -51,6 +58,16 @@ MAX_SEED = 2**63 - 1
 MAX_FACTOR = 4096
 
 
+# Kinds whose vectors come from one batched forward and backward over many examples' rows
+# (cropi.gradients.hooks), per-example gradients never formed.
+BATCHED_KINDS = ("factored", "tensorsketch")
+
+
+def is_batched(spec: "ProjectionSpec") -> bool:
+    """Whether ``spec``'s kind is computed on the batched hook path."""
+    return spec.kind in BATCHED_KINDS
+
+
 class SpecMismatchError(MismatchError):
     """A stored spec does not match its recorded spec_id, or two specs differ."""
 
@@ -62,13 +79,14 @@ class ProjectionSpec(BaseModel):
 
     # The descriptions are the one spelling of each field's help: the CLI's flags (cropi/cli_args.py) and
     # the service's schema (its caller model is derived from this one) both show them.
-    kind: Literal["sjlt", "gaussian", "rademacher", "identity", "factored"] = Field(
+    kind: Literal["sjlt", "gaussian", "rademacher", "identity", "factored", "tensorsketch"] = Field(
         "sjlt", description="projection kind: sjlt (sparse count-sketch), gaussian (dense N(0, 1/k)), rademacher "
-        "(dense +-1/sqrt(k)), identity (the kept coordinates, unmixed) or factored (per-layer blocks, batched)")
+        "(dense +-1/sqrt(k)), identity (the kept coordinates, unmixed), factored (per-layer blocks, batched) or "
+        "tensorsketch (one shared sketch of dim, batched)")
     dim: int | None = Field(DEFAULT_DIM, description="k, the projected vector's length (derived for the identity "
                             "and factored kinds: leave it unset there)")
     kept_fraction: float = Field(0.1, description="expected fraction r of gradient coordinates kept, each by its "
-                                 "own hashed draw (so the exact count varies); 1 for the factored kind")
+                                 "own hashed draw (so the exact count varies); 1 for the factored and tensorsketch kinds")
     seed: int = Field(0, description="seeds every hash of the projection (which coordinates, which signs)")
     nnz: int = Field(4, description="nonzeros per kept coordinate (sjlt only; the other kinds ignore it, "
                      "though it still enters spec_id)")
@@ -84,6 +102,11 @@ class ProjectionSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _derived_dim(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("kind") == "tensorsketch":
+            if data.get("kept_fraction", 1.0) != 1.0:
+                raise ValueError("kept_fraction is ignored for kind='tensorsketch' (every coordinate of a projected "
+                                 f"layer is sketched); leave it unset, got {data['kept_fraction']!r}")
+            return {**data, "kept_fraction": 1.0}
         if not isinstance(data, Mapping) or data.get("kind") not in ("identity", "factored"):
             return data
         kind, dim = data["kind"], data.get("dim")

@@ -60,6 +60,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cropi.projection import ProjectionSpec, make_projector
+from cropi.projection.spec import is_batched
 from cropi.trainers.objective import group_advantages
 
 Policy = Literal["none", "ippo", "iif", "random"]
@@ -176,7 +177,7 @@ class GradientEngine:
         self.names = list(self.projector.param_names)
         self._covered = set(self.names)
         self.hooks = None
-        if batched if batched is not None else spec.kind == "factored":
+        if batched if batched is not None else is_batched(spec):
             from cropi.gradients.hooks import FactoredHooks
 
             self.hooks = FactoredHooks(model, self.projector)
