@@ -30,11 +30,11 @@ from typing import Any, Callable, Iterator
 
 from cropi.data import write_jsonl
 from cropi.demo.assets import place_model, task_splits
-from cropi.demo.log import LogProgress, say
+from cropi.demo.log import say
 from cropi.demo.settings import ONLINE_METHODS, VARIANTS, DemoSettings, selection_of
 from cropi.demo.work import init_worker, run_collect, run_gradients, run_method
 from cropi.pipeline.curriculum import (CollectOptions, CurriculumConfig, CurriculumPaths, collect_jobs,
-                                       collect_trajectories, gradient_jobs, scoring_splits)
+                                       gradient_jobs, scoring_splits)
 from cropi.projection import ProjectionSpec
 from cropi.tasks.base import Task
 from cropi.utils.fsio import resolve, write_json_atomic

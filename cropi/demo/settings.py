@@ -6,11 +6,11 @@ split at its largest size); the response length and the reward are the task's un
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from cropi.errors import InvalidInputError
+from cropi.errors import InvalidInputError, format_validation_error
 from cropi.tasks.base import DEFAULT_TASK, POOL, Task, load_task
 
 # The comparison: CROPI, the pool, and the selections it has to beat or approach. ``informative``
@@ -114,9 +114,7 @@ class DemoSettings(BaseModel):
         try:
             return cls.quick(**overrides) if quick else cls(**overrides)
         except ValidationError as e:
-            problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
-                                 for err in e.errors())
-            raise DemoSettingsError(f"bad demo settings: {problems}") from None
+            raise DemoSettingsError(f"bad demo settings: {format_validation_error(e, 'settings')}") from None
 
     @property
     def total_steps(self) -> int:

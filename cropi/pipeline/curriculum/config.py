@@ -9,7 +9,7 @@ from typing import Any, Optional
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 
 from cropi.contracts import NAME_HELP, is_name
-from cropi.errors import InvalidInputError
+from cropi.errors import InvalidInputError, format_validation_error
 from cropi.generation import CollectOptions
 from cropi.pipeline.rank import SelectorName
 from cropi.pipeline.requests import RefreshOptions, ScoreRequest, ScoringSettings, validation_names
@@ -108,9 +108,7 @@ class CurriculumConfig(ScoringSettings):
         try:
             return cls.model_validate(data)
         except ValidationError as e:
-            problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
-                                 for err in e.errors())
-            raise CurriculumConfigError(f"bad curriculum config: {problems}") from None
+            raise CurriculumConfigError(f"bad curriculum config: {format_validation_error(e, 'config')}") from None
 
     def resume_key(self) -> str:
         """Hash of everything a resumed run must keep (all but ``stages``).
