@@ -27,13 +27,15 @@ prompt's baseline, and re-normalising over the survivors would change the kept r
 signal because of what was dropped (a group with its only correct answer dropped would
 turn its best wrong answer positive).
 
-Per-response gradients, for the ``factored`` projection kind (cropi.projection.factored): one
-batched forward and one backward over the buffer's rows with the factored hooks
-(cropi.gradients.hooks): each row's ``P g(z)`` is its own block sum, no per-response or weight
-gradient is formed, and ``chunk`` rows go through a pass. The validation target is the same
-pass over the validation rollouts, rows summed. The step's update cannot reuse these blocks: it
-needs the full weight gradient of the kept responses, which the factored pass never forms (a
-projection cannot be un-projected), so the update runs its own forward and backward.
+Per-response gradients, for the batched projection kinds (``factored``, ``tensorsketch``;
+cropi.projection.spec.BATCHED_KINDS): one batched forward and one backward over the buffer's rows
+with the projection hooks (cropi.gradients.hooks): each row's ``P g(z)`` is its own sum, no
+per-response or weight gradient is formed, and ``chunk`` rows go through a pass. The rows are left
+padded, so the LM head runs on the response positions only. The loss terms are POPI's own
+(``cropi.gradients.popi.popi_response_terms``; every path here calls it). The validation target is
+the same pass over the validation rollouts, rows summed. The step's update cannot reuse these
+blocks: it needs the full weight gradient of the kept responses, which the batched pass never forms
+(a projection cannot be un-projected), so the update runs its own forward and backward.
 
 For the other kinds, per-response gradients come from one ``torch.func.vmap`` over ``grad`` of the per-response
 loss, with eager attention (sdpa under vmap fails with a mask), right
@@ -59,6 +61,9 @@ from typing import Literal, Optional, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cropi.gradients.batching import build_rows
+from cropi.gradients.groups import token_logprobs as left_padded_logprobs
+from cropi.gradients.popi import popi_response_terms
 from cropi.projection import ProjectionSpec, make_projector
 from cropi.projection.spec import is_batched
 from cropi.trainers.objective import group_advantages
@@ -139,6 +144,8 @@ class Responses:
     mask: torch.Tensor
     lengths: torch.Tensor     # |y| (float)
     tokens: torch.Tensor      # (n, L): 1 on prompt and response tokens, 0 on padding
+    seqs: Optional[list] = None  # the (prompt, response) token lists: the batched path left-pads them itself
+    pad_id: int = 0
 
     @classmethod
     def build(cls, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> "Responses":
@@ -157,11 +164,12 @@ class Responses:
             positions[i, :k] = torch.arange(len(p) - 1, len(p) - 1 + k)
             targets[i, :k] = torch.tensor(list(r), dtype=torch.long)
             mask[i, :k] = 1.0
-        return cls(ids, positions, targets, mask, mask.sum(1), tokens)
+        return cls(ids, positions, targets, mask, mask.sum(1), tokens, [(list(p), list(r)) for p, r in seqs], pad_id)
 
     def take(self, index: torch.Tensor) -> "Responses":
+        seqs = None if self.seqs is None else [self.seqs[i] for i in index.tolist()]
         return Responses(self.ids[index], self.positions[index], self.targets[index], self.mask[index],
-                         self.lengths[index], self.tokens[index])
+                         self.lengths[index], self.tokens[index], seqs, self.pad_id)
 
 
 class GradientEngine:
@@ -209,8 +217,7 @@ class GradientEngine:
                                      {"use_cache": False, "logits_to_keep": pos}).logits[0]
             lp = torch.log_softmax(logits.float(), dim=-1).gather(1, tgt[:, None])[:, 0]
             old = lp.detach() if behavior is None else beh  # on-policy: rho = 1, grad rho = grad log pi
-            ratio = torch.exp((lp - old) * mask)
-            return -(a * (ratio * mask).sum() / mask.sum().clamp(min=1.0))
+            return -popi_response_terms(lp[None], old[None], mask[None], a[None])[0]
 
         sub = resp.take(live)
         beh = (behavior[live] if behavior is not None else torch.zeros_like(sub.mask)).to(device)
@@ -235,24 +242,25 @@ class GradientEngine:
         fixed |= dict(model.named_buffers())
         logits = functional_call(model, (trained, fixed), (resp.ids.to(device),), {"use_cache": False}).logits
         lp = _picked_logprobs(logits, resp, device)
-        mask = resp.mask.to(device)
-        ratio = torch.exp((lp - behavior.to(device)) * mask)
-        loss = -(adv.to(device, torch.float32) * (ratio * mask).sum(1) / mask.sum(1).clamp(min=1.0)).sum()
+        loss = -popi_response_terms(lp, behavior.to(device), resp.mask.to(device), adv.to(device)).sum()
         grads = torch.autograd.grad(loss, list(trained.values()), allow_unused=True)
         by_name = {n: (g if g is not None else torch.zeros_like(p)) for (n, p), g in zip(trained.items(), grads)}
         return self.projector.project((n, by_name[n][None]) for n in self.names)[0]
 
     def _rows(self, resp: Responses, adv: torch.Tensor, behavior: Optional[torch.Tensor]) -> torch.Tensor:
-        """Factored ``P g(z)`` of each row from one forward and one activation-only backward."""
+        """Projected ``g(z)`` of each row from one forward and one activation-only backward.
+
+        The rows are left padded here (``cropi.gradients.batching.build_rows``, as the gradients job's
+        batched path): every response then ends at the last position, so the LM head runs on the last
+        ``max |y| + 1`` positions only (``logits_to_keep``) instead of every prompt position, which was
+        most of this pass's cost on short responses."""
         device = next(self.model.parameters()).device
-        with self.hooks.capture(resp.tokens.to(device)) as cap:
-            logits = self.model(input_ids=resp.ids.to(device), use_cache=False).logits
-            lp = _picked_logprobs(logits, resp, device)
-            old = lp.detach() if behavior is None else behavior.to(device)  # on-policy: rho = 1
-            mask = resp.mask.to(device)
-            ratio = torch.exp((lp - old) * mask)
-            terms = adv.to(device, lp.dtype) * (ratio * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-            cap.backward(-terms.sum())
+        mb = build_rows([(p, r, [0.0] * len(r)) for p, r in resp.seqs], list(range(len(resp.seqs))), resp.pad_id)
+        with self.hooks.capture(mb.attention_mask.to(device)) as cap:
+            lp = left_padded_logprobs(self.model, mb, device)
+            mask = mb.response_mask.to(device)
+            old = lp.detach() if behavior is None else _right_aligned(behavior, resp.lengths, lp.shape[1]).to(device)
+            cap.backward(-popi_response_terms(lp, old, mask, adv.to(device)).sum())  # on-policy: rho = 1
         return cap.rows.to(self.projector.device, torch.float32)
 
     def token_logprobs(self, resp: Responses) -> torch.Tensor:
@@ -260,6 +268,16 @@ class GradientEngine:
         device = next(self.model.parameters()).device
         with torch.no_grad():
             return _picked_logprobs(self.model(input_ids=resp.ids.to(device), use_cache=False).logits, resp, device)
+
+
+def _right_aligned(values: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """Per-token values stored left-aligned (n, R) (``Responses``' layout) moved to the end of ``width``
+    columns (the left-padded layout of ``build_rows``): row i's first ``lengths[i]`` values last."""
+    out = torch.zeros(values.shape[0], width, dtype=values.dtype)
+    for i, n in enumerate(lengths.long().tolist()):
+        if n:
+            out[i, width - n:] = values[i, :n].cpu()
+    return out
 
 
 def _picked_logprobs(logits: torch.Tensor, resp: Responses, device) -> torch.Tensor:
