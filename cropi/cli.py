@@ -130,7 +130,14 @@ def _rank_args(p):
 def _rank(a):
     from cropi.pipeline.rank import RankRequest
 
-    res = _validated(RankRequest, model_values(a)).run()
+    req = _validated(RankRequest, model_values(a))
+    res = req.run()
+    from cropi.projection.fidelity import notice_for_split
+
+    # a spec never measured at its size is still used; the notice (stderr: --json stays parseable) says so
+    note = notice_for_split(req.store, req.name, res.meta["spec_id"], req.pool)
+    if note:
+        print(note, file=sys.stderr)
     if a.json:
         return {"meta": res.meta, "rows": res.rows()}
     print(_format_ranking(res, a.limit))

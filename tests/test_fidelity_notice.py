@@ -1,0 +1,58 @@
+"""A spec whose fidelity was never measured at its size is usable; `cropi rank` prints a notice naming
+the benchmark. The table of measured specs agrees with the committed results it cites."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cropi.projection import ProjectionSpec
+from cropi.projection.fidelity import BENCHMARK, MEASURED, measured, notice
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_measured_specs_are_every_cell_of_the_results_they_cite():
+    cited = {m["result"] for m in MEASURED.values()}
+    for path in cited:
+        grid = json.loads((ROOT / path).read_text())["grid"]
+        for name, cell in grid.items():
+            for s in cell["seeds"]:
+                fields = {"kind": cell["kind"], "seed": int(s)}
+                if cell["kind"] == "factored":
+                    f = name.split("/")[1].split("x")
+                    fields |= {"factor_out": int(f[0]), "factor_in": int(f[1])}
+                elif cell["kind"] != "identity":
+                    fields |= {"dim": cell["k"]}
+                    if cell["kind"] != "tensorsketch":
+                        fields["kept_fraction"] = cell["kept_fraction"]
+                found = measured(ProjectionSpec(**fields))
+                assert found is not None and found["result"] in cited, (path, name)
+
+
+def test_notice_for_an_unmeasured_size_names_the_benchmark_and_none_for_a_measured_one():
+    assert notice(ProjectionSpec()) is None  # the default spec, at any seed
+    assert notice(ProjectionSpec(seed=7)) is None
+    assert notice(ProjectionSpec(kind="tensorsketch", dim=4096, seed=3)) is None
+    for spec in (ProjectionSpec(dim=8192), ProjectionSpec(kind="factored", factor_in=64, factor_out=64),
+                 ProjectionSpec(kind="tensorsketch", dim=8192), ProjectionSpec(exclude="embed")):
+        text = notice(spec)
+        assert text and BENCHMARK in text and spec.spec_id in text
+
+
+def test_cropi_rank_prints_the_notice_for_an_unmeasured_spec(tmp_path, capsys):
+    from support.golden import COLLECT, GOLDEN, MODEL, cli
+
+    for split in ("pool", "val_a"):
+        cli("collect", "--model", str(MODEL), "--prompts", str(GOLDEN / f"{split}.jsonl"),
+            "--out", str(tmp_path / split), *COLLECT)
+        cli("gradients", "--model", str(MODEL), "--trajectories", str(tmp_path / split), "--store",
+            str(tmp_path / "store"), "--split", split, "--name", "g", "--projection-kind", "tensorsketch",
+            "--projection-dim", "512", "--dtype", "float32")
+    capsys.readouterr()
+    ranked = cli("rank", "--store", str(tmp_path / "store"), "--name", "g", "--pool", "pool",
+                 "--validation", "val_a", "--top-fraction", "0.25")
+    err = capsys.readouterr().err
+    spec = ProjectionSpec(kind="tensorsketch", dim=512)
+    assert ranked["meta"]["spec_id"] == spec.spec_id and ranked["rows"]  # the spec is used
+    assert BENCHMARK in err and spec.spec_id in err
