@@ -97,14 +97,16 @@ class TensorSketchProjector(Projector):
     def project(self, named_grads) -> torch.Tensor:
         """From formed gradients, each (n, out, in): the count sketch of the pair hash; float32 (n, dim)."""
         grads, n = collect_grads(named_grads, self._shapes, self._all, self.selects)
-        out = torch.zeros(n, self.out_dim, dtype=torch.float64, device=self.device)
+        # float32 for float32 gradients (as the hook path), float64 for float64 checks
+        dtype = torch.promote_types(next(iter(grads.values())).dtype, torch.float32)
+        out = torch.zeros(n, self.out_dim, dtype=dtype, device=self.device)
         for name in self.param_names:
-            g = grads[name].to(self.device, torch.float64)
+            g = grads[name].to(self.device, dtype)
             h_out, s_out, h_in, s_in = self.hashes(name)
             rows = max(1, PAIR_CHUNK // max(1, g.shape[2]))
             for a in range(0, g.shape[1], rows):  # a slice of output coordinates at a time
                 bucket = (h_out[a:a + rows, None] + h_in[None, :]) % self.out_dim
-                sign = (s_out[a:a + rows, None] * s_in[None, :]).double()
+                sign = (s_out[a:a + rows, None] * s_in[None, :]).to(dtype)
                 out.index_add_(1, bucket.reshape(-1), (g[:, a:a + rows] * sign).reshape(n, -1))
         return out.float()
 
