@@ -12,7 +12,8 @@ starts the real server (``python -m cropi_service serve``, settings by CROPI_SER
    ``stall_timeout_s`` + 1 s it does it again on a new connection (an attacker that keeps at it).
    Beside them: the usual open loop (``--clients`` 50 at ``--rate`` 200 requests/s, half ranking
    pages of 1,000, half gradient lookups, over the three checkpoints: benchmarks/service.py) and a
-   ``/healthz`` probe every 20 ms on its own connection. Then ``--batch-clients`` clients (60) that
+   ``/healthz`` probe every 20 ms on its own connection, in a process of its own (as are the
+   attackers: the load generator's work must not delay the probe). Then ``--batch-clients`` clients (60) that
    send 10k-id Arrow batches back to back and read them (issue 26's W2), in a second phase beside the
    same load and probe. Latencies count from when a request was due. The server's RSS is sampled
    every 0.1 s.
@@ -163,31 +164,61 @@ async def batch_client(base: str, token: str, ck_ids: list[str], pool_ids: list[
             statuses[key] = statuses.get(key, 0) + 1
 
 
-async def attack(base: str, port: int, tokens: dict[str, str], cks: list[str], pool_ids: list[str], total: int,
-                 a: argparse.Namespace, batch: int, stall_s: float, stalled: int, batch_clients: int) -> dict:
+async def attackers(port: int, base: str, tokens: dict[str, str], cks: list[str], pool_ids: list[str], batch: int,
+                    stall_s: float, stalled: int, batch_clients: int, start_wall: float, stop_wall: float) -> dict:
+    """The stalled readers and the batch clients, from ``start_wall`` to ``stop_wall`` (time.time())."""
     loop = asyncio.get_running_loop()
-    stop_at = loop.time() + a.duration + 1.0
+    await asyncio.sleep(max(0.0, start_wall - time.time()))
+    stop_at = loop.time() + (stop_wall - time.time())
     body = json.dumps({"prompt_ids": pool_ids[:batch]}).encode()
     held: list[socket.socket] = []
     counts = {"sent": 0}
     statuses: dict[str, int] = {}
-    readers = [asyncio.create_task(stalled_reader(port, tokens["stalled"], f"/v1/checkpoints/{cks[i % len(cks)]}"
-                                                  "/gradients:batch", body, stop_at, stall_s + 1.0, held, counts))
-               for i in range(stalled)]
-    batches = [asyncio.create_task(batch_client(base, tokens["batch"], cks, pool_ids, batch, stop_at, statuses, i))
+    readers = [stalled_reader(port, tokens["stalled"], f"/v1/checkpoints/{cks[i % len(cks)]}/gradients:batch", body,
+                              stop_at, stall_s + 1.0, held, counts) for i in range(stalled)]
+    batches = [batch_client(base, tokens["batch"], cks, pool_ids, batch, stop_at, statuses, i)
                for i in range(batch_clients)]
-    await asyncio.sleep(1.0)  # the attackers' first batches are in before the measured load starts
-    probe = asyncio.create_task(healthz_probe(base, stop_at))
-    load = await bench.open_loop(base, tokens["good"], cks, pool_ids, total, a.clients, a.rate, a.duration)
-    health = await probe
     await asyncio.gather(*readers, *batches)
     for s in held:
         s.close()
-    out = {"load": load, "healthz": health}
+    out: dict = {}
     if stalled:
         out |= {"stalled_readers": stalled, "stalled_requests_sent": counts}
     if batch_clients:
         out |= {"batch_clients": batch_clients, "batch_clients_statuses": statuses}
+    return out
+
+
+async def probe(base: str, start_wall: float, stop_wall: float) -> dict:
+    await asyncio.sleep(max(0.0, start_wall - time.time()))
+    return await healthz_probe(base, asyncio.get_running_loop().time() + (stop_wall - time.time()))
+
+
+def _child(name: str, args: tuple, results) -> None:
+    """A spawned process running one side of the load in its own event loop: the load generator's
+    own work (reading 60 clients' batches in Python) must not delay the health probe's timings."""
+    results.put(asyncio.run({"attackers": attackers, "probe": probe}[name](*args)))
+
+
+def attack(base: str, port: int, tokens: dict[str, str], cks: list[str], pool_ids: list[str], total: int,
+           a: argparse.Namespace, batch: int, stall_s: float, stalled: int, batch_clients: int) -> dict:
+    """Attackers and the /healthz probe each in a process of their own, the open loop in this one."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    start = time.time() + 5.0  # the children import and connect first
+    stop = start + 1.0 + a.duration + 0.5
+    queues = {name: ctx.Queue() for name in ("attackers", "probe")}
+    procs = [ctx.Process(target=_child, args=("attackers", (port, base, tokens, cks, pool_ids, batch, stall_s, stalled,
+                                                            batch_clients, start, stop), queues["attackers"])),
+             ctx.Process(target=_child, args=("probe", (base, start + 1.0, stop), queues["probe"]))]
+    for p in procs:
+        p.start()
+    time.sleep(max(0.0, start + 1.0 - time.time()))  # the attackers' first batches are in before the load
+    load = asyncio.run(bench.open_loop(base, tokens["good"], cks, pool_ids, total, a.clients, a.rate, a.duration))
+    out = {"load": load, "healthz": queues["probe"].get(timeout=600), **queues["attackers"].get(timeout=600)}
+    for p in procs:
+        p.join(60)
     return out
 
 
@@ -228,8 +259,8 @@ def stalled_phase(a: argparse.Namespace, cache: Path, built: dict, spec: Project
         # answers beside the same load; each with the /healthz probe
         for name, stalled, batch_clients in (("stalled_readers", a.stalled, 0), ("queued_batches", 0, a.batch_clients)):
             first = len(rss.samples)
-            phase = asyncio.run(attack(base, port, tokens, cks, pool_ids, ranked, a, batch, settings.stall_timeout_s,
-                                       stalled, batch_clients))
+            phase = attack(base, port, tokens, cks, pool_ids, ranked, a, batch, settings.stall_timeout_s, stalled,
+                           batch_clients)
             samples = rss.samples[first:] or [0.0]
             phase["server_rss_max_mb"] = round(max(samples), 1)
             phase["bounds_after"] = server_bounds(base, tokens["good"])
