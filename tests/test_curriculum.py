@@ -339,3 +339,27 @@ def test_a_stage_record_checks_the_skew_of_declared_fields(setup, monkeypatch):
     assert row["selected_share"] == pytest.approx(count / sum(picked.values())) and picked[row["value"]] == count
     assert row["pool_share"] == pytest.approx(share)
     assert stage["passes"] is None  # the fake trainer names no batch size
+
+
+def test_a_second_selector_at_the_same_checkpoint_keeps_cropis_ranking(setup, cropi_run, monkeypatch):
+    """A 'diverse' curriculum shares the initial model's gradients with CROPI's, stores its own ranking
+    beside CROPI's (never over it), records its selector, and trains on exactly its selection."""
+    result, _, _ = cropi_run
+    cropi_ranking = result["stages"][0]["ranking"]
+    before = pq.read_table(cropi_ranking)
+    use_trainer(monkeypatch, FakeTrainer())
+    diverse = run_curriculum(make_config(setup, name="diverse-run", method="diverse", stages=1), root=setup["root"])
+    stage = diverse["stages"][0]
+    assert stage["ranking"] == cropi_ranking.replace("/pool.parquet", "/pool.diverse.parquet")
+    assert pq.read_table(cropi_ranking).equals(before)  # CROPI's selected column untouched
+    ranking = pq.read_table(stage["ranking"])
+    meta = json.loads(ranking.schema.metadata[b"cropi.ranking"])
+    assert meta["selector"] == "diverse" and meta["selector_options"] == {}
+    assert meta["selection"]["random_alignment"] is not None
+    chosen = [r.prompt_id for r in load_prompts(stage["subset"])]
+    assert sorted(ranking.filter(ranking["selected"])["prompt_id"].to_pylist()) == sorted(chosen)
+    rows = {r["prompt_id"]: r for r in ranking.to_pylist()}
+    gain = {p: (r["score:val_a"] + r["score:val_b"]) / 2 for p, r in rows.items() if r["status"] == "ok"}
+    positive = [p for p, g in gain.items() if g > 0]
+    assert set(chosen) <= set(positive)  # first-order helpful prompts only
+    assert len(chosen) == min(len(positive), math.ceil(FRACTION * POOL))

@@ -61,6 +61,13 @@ class RankRequest(BaseModel):
                     seed=self.seed, labels=labels, selector=self.selector, selector_options=self.selector_options)
 
 
+def ranking_name(pool: str, selector: str) -> str:
+    """The name a ranking is stored under: the pool's for the default selector, ``<pool>.<selector>`` for
+    another, so curricula with different selectors at one checkpoint never overwrite each other's
+    ``selected`` column (their gradients, keyed by the checkpoint, are shared)."""
+    return pool if selector == DEFAULT_SELECTOR else f"{pool}.{selector}"
+
+
 def check_selector(name: str, options: dict) -> None:
     """Refuse, before any work, a selector the ranking cannot run or options its model refuses."""
     selector = get_selector(name)
@@ -139,7 +146,8 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
     checkpoint whose rows stand in for the pool's rows of its prompts (a refresh's recomputed
     gradients, ``cropi.pipeline.score``); that ranking is stored under ``replace``'s name, so the
     pool's own ranking stays as it was. ``selector`` (cropi.selection) picks the ``selected``
-    column; the checkpoint's name salts its random draws, so every stage draws afresh."""
+    column; the checkpoint's name salts its random draws, so every stage draws afresh. A selector
+    other than the default stores its ranking under ``ranking_name``."""
     if not validation:
         raise InvalidInputError("name at least one validation split")
     spec_id = find_spec_id(store, name, spec_id, pool)
@@ -175,7 +183,7 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
         meta["validation_groups"] = sorted(ranking.scores)
     if labels is not None and top_fraction:
         meta["selection"] = selection_mix(chosen, labels) | selection_signal(pool_t, chosen)
-    _save(store, name, spec_id, replace or pool, table, meta)
+    _save(store, name, spec_id, ranking_name(replace or pool, selector), table, meta)
     ess = {c: dict(zip(pool_t.prompt_ids, pool_t.columns[c].tolist()))
            for c in GRADIENT_OPTIONAL_COLUMNS if c in pool_t.columns} or None
     return RankingResult(ranking, table, meta, ess)

@@ -32,7 +32,7 @@ from cropi.generation import make_backend
 from cropi.pipeline.collect import CollectJob, collect
 from cropi.pipeline.compute_gradients import GradientJob, compute_gradients
 from cropi.pipeline.progress import Progress, report
-from cropi.pipeline.rank import RankingResult, pool_labels, rank
+from cropi.pipeline.rank import RankingResult, pool_labels, rank, ranking_name
 from cropi.store.rankings import ranking_file
 from cropi.pipeline.refresh import RefreshJob
 from cropi.pipeline.refresh import refresh as run_refresh
@@ -69,7 +69,8 @@ def _score(request: ScoreRequest, root: str | Path, progress: Progress, refresh:
         replace, refreshed = _refresh(request, root, name, refresh, progress)
         if replace is not None:
             result = _rank(request, root, name, replace)
-    _, path = ranking_file(store_path(root), name, request.projection.spec_id, replace or POOL)
+    _, path = ranking_file(store_path(root), name, request.projection.spec_id,
+                           ranking_name(replace or POOL, request.selector))
     return ScoreResult(name=name, spec_id=request.projection.spec_id, trajectories=trajectories, computed=computed,
                        excluded=result.excluded, ranked=int((result.ranking.rank > 0).sum()),
                        selected=selected_ids(result), ranking=path, diagnostics=result.meta.get("selection", {}),
