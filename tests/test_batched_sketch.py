@@ -174,7 +174,11 @@ def pair_hash_sketch(spec, shapes, grads, dim):
     return out
 
 
-def test_tensorsketch_hook_path_equals_the_pair_hash_sketch_of_brute_force_gradients():
+@pytest.mark.parametrize("route", ["direct", "fft"])
+def test_tensorsketch_hook_path_equals_the_pair_hash_sketch_of_brute_force_gradients(route, monkeypatch):
+    """Both exact routes of the hook path (the row's gradient formed and scattered, or the FFT of the two
+    sides' count sketches), with the prompts' rows summed per prompt inside the pass."""
+    monkeypatch.setattr(TensorSketchProjector, "direct_is_cheaper", lambda self, name, tokens: route == "direct")
     trajs = two_prompts()
     model = double_model()
     spec = ProjectionSpec(kind="tensorsketch", dim=64, seed=3)

@@ -105,14 +105,18 @@ class FactoredComputer:
             with torch.no_grad():
                 self._keep_log_w(prompts, rows, token_logprobs(self.model, mb, self.device), beh, mask)
             return
-        with self.hooks.capture(mb.attention_mask) as cap:
+        # one group per prompt in this micro-batch: cap.rows holds each prompt's sum (a kind may sum before projecting)
+        prompt_of = [i for i, _ in rows]
+        local = {i: j for j, i in enumerate(dict.fromkeys(prompt_of))}
+        groups = torch.tensor([local[i] for i in prompt_of], device=self.device)
+        with self.hooks.capture(mb.attention_mask, groups) as cap:
             logp = token_logprobs(self.model, mb, self.device)
             self._keep_log_w(prompts, rows, logp.detach(), beh, mask)
             adv = torch.stack([prompts[i].adv[k] for i, k in rows]).to(self.device)
             terms = popi_response_terms(logp, beh, mask, adv, self.options.clip_eps)
             k = torch.tensor([len(prompts[i].responses) for i, _ in rows], dtype=terms.dtype, device=self.device)
             cap.backward(-(terms / k).sum())
-        owner = torch.tensor([i for i, _ in rows], device=self.device)
+        owner = torch.tensor(list(local), device=self.device)
         out.index_add_(0, owner, cap.rows.to(out.dtype))
 
     @staticmethod

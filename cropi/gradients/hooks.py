@@ -39,9 +39,13 @@ from cropi.errors import InvalidInputError
 class Capture:
     """What one forward/backward under ``FactoredHooks.capture`` collects."""
 
-    def __init__(self, n_rows: int, projector, mask: torch.Tensor, dtype: torch.dtype):
+    def __init__(self, n_rows: int, projector, mask: torch.Tensor, dtype: torch.dtype,
+                 groups: torch.Tensor | None = None):
         self.projector = projector
-        self.rows = torch.zeros(n_rows, projector.out_dim, dtype=dtype, device=mask.device)
+        # groups: row -> the sum it belongs to (a prompt's rows); rows then holds one sum per group
+        self.groups = None if groups is None else groups.to(mask.device)
+        n_out = n_rows if groups is None else int(groups.max()) + 1
+        self.rows = torch.zeros(n_out, projector.out_dim, dtype=dtype, device=mask.device)
         self.mask = mask.to(dtype)[..., None]
         self.inputs: dict[str, torch.Tensor] = {}
         self.anchor: torch.Tensor | None = None
@@ -57,7 +61,7 @@ class Capture:
             raise RuntimeError("no forward pass ran under this capture")
         (g,) = torch.autograd.grad(loss, [self.anchor])
         for name in self.embedded:
-            self.add(*self.projector.embedding_block(name, self.tokens, g.to(self.rows.dtype), self.mask))
+            self.add(*self.projector.embedding_block(name, self.tokens, g.to(self.rows.dtype), self.mask, self.groups))
 
     def masked(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (rows, tokens, k) zeroed on padding; an output layer sees only the last positions."""
@@ -89,11 +93,13 @@ class FactoredHooks:
                         "nn.Linear weights and the input embedding only; exclude it with the spec's exclude")
 
     @contextmanager
-    def capture(self, token_mask: torch.Tensor) -> Iterator[Capture]:
-        """Hooks on for one forward and one ``Capture.backward``; ``token_mask`` (rows, tokens): 1 on real tokens."""
+    def capture(self, token_mask: torch.Tensor, groups: torch.Tensor | None = None) -> Iterator[Capture]:
+        """Hooks on for one forward and one ``Capture.backward``; ``token_mask`` (rows, tokens): 1 on real tokens.
+        ``groups`` (rows,): ``cap.rows[j]`` is then the sum of the rows of group j (0..max), which a kind may
+        form more cheaply than the rows themselves (tensorsketch sums a group's gradients before sketching)."""
         param = next(self.model.parameters())
         dtype = torch.promote_types(param.dtype, torch.float32)
-        cap = Capture(token_mask.shape[0], self.projector, token_mask.to(param.device), dtype)
+        cap = Capture(token_mask.shape[0], self.projector, token_mask.to(param.device), dtype, groups)
         cap.embedded = list(self.embedded)
         handles = [self.embedding.register_forward_hook(lambda m, i, out: self._anchor(cap, i[0], out))]
         for name, module in self.layers:
@@ -124,6 +130,6 @@ class FactoredHooks:
                 output.register_hook(backward)
 
         def backward(delta):
-            cap.add(*projector.layer_block(name, delta.to(cap.rows.dtype), cap.inputs.pop(name)))
+            cap.add(*projector.layer_block(name, delta.to(cap.rows.dtype), cap.inputs.pop(name), cap.groups))
 
         return forward

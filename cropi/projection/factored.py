@@ -40,6 +40,14 @@ from cropi.projection.inputs import collect_grads
 IN_STREAM, OUT_STREAM = 1, 2
 
 
+def group_sum(values: torch.Tensor, groups: torch.Tensor | None) -> torch.Tensor:
+    """Rows of ``values`` summed by ``groups`` (row -> group 0..max); the rows themselves when None."""
+    if groups is None:
+        return values
+    out = torch.zeros(int(groups.max()) + 1, *values.shape[1:], dtype=values.dtype, device=values.device)
+    return out.index_add_(0, groups, values)
+
+
 class FactoredProjector(Projector):
     """Per-layer ``P_out G P_in^T`` blocks, concatenated; see the module docstring."""
 
@@ -103,23 +111,24 @@ class FactoredProjector(Projector):
         """What the forward pass keeps of layer ``name``'s input ``x`` (rows, tokens, in): ``P_in x_t``."""
         return x @ self.matrices(name, device=x.device, dtype=x.dtype)[1]
 
-    def layer_block(self, name: str, delta: torch.Tensor, kept: torch.Tensor) -> tuple[int, int, torch.Tensor]:
+    def layer_block(self, name: str, delta: torch.Tensor, kept: torch.Tensor, groups: torch.Tensor | None = None
+                    ) -> tuple[int, int, torch.Tensor]:
         """(start, stop, values): each row's ``sum_t (P_out delta_t)(P_in x_t)^T``, flattened, at the
-        layer's block; ``kept`` is what ``keep_input`` returned (masked)."""
+        layer's block (summed by ``groups`` when given); ``kept`` is what ``keep_input`` returned (masked)."""
         d = delta @ self.matrices(name, device=delta.device, dtype=delta.dtype)[0]   # (rows, tokens, factor_out)
         block = torch.einsum("bta,btc->bac", d, kept)                                  # (rows, factor_out, factor_in)
         start = self._offsets[name]
-        return start, start + self.block_size, block.reshape(block.shape[0], -1)
+        return start, start + self.block_size, group_sum(block.reshape(block.shape[0], -1), groups)
 
-    def embedding_block(self, name: str, tokens: torch.Tensor, g: torch.Tensor, mask: torch.Tensor
-                        ) -> tuple[int, int, torch.Tensor]:
+    def embedding_block(self, name: str, tokens: torch.Tensor, g: torch.Tensor, mask: torch.Tensor,
+                        groups: torch.Tensor | None = None) -> tuple[int, int, torch.Tensor]:
         """The input embedding's share: its gradient is ``sum_t e_{token_t} g_t^T`` (``g_t`` the gradient at
         the embedding's output), so the block is ``sum_t P_out[:, token_t] (P_in g_t)^T``: a row lookup."""
         pout, pin = self.matrices(name, device=g.device, dtype=g.dtype)
         rows = pout[tokens] * mask                                  # P_out e_token: (rows, tokens, factor_out)
         block = torch.einsum("bta,btc->bac", rows, g @ pin)
         start = self._offsets[name]
-        return start, start + self.block_size, block.reshape(block.shape[0], -1)
+        return start, start + self.block_size, group_sum(block.reshape(block.shape[0], -1), groups)
 
     def _apply(self, out: torch.Tensor, values: torch.Tensor, piece: Piece, key: int) -> None:
         raise NotImplementedError("FactoredProjector.project does not go through kept-coordinate pieces")

@@ -36,15 +36,26 @@ and of the input embedding; a tied embedding / output matrix is one parameter, b
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from cropi.errors import InvalidInputError
 from cropi.projection.base import Piece, Projector
+from cropi.projection.factored import group_sum
 from cropi.projection.inputs import collect_grads
 from cropi.utils.hashing import coord_hash, top_bits
 
 IN_STREAM, OUT_STREAM = 3, 4
 PAIR_CHUNK = 2**22  # (o, i) pairs hashed at once by ``project`` (bounds its temporaries)
+DIRECT_MAX = 2**22  # the most (o, i) pairs of a layer the hook path forms per row (see direct_is_cheaper)
+
+
+def group_rows(groups: torch.Tensor) -> list[torch.Tensor]:
+    """Row indices of each group 0..max, in order."""
+    order = torch.argsort(groups, stable=True)
+    counts = torch.bincount(groups).tolist()
+    return list(torch.split(order, counts))
 
 
 class TensorSketchProjector(Projector):
@@ -116,23 +127,63 @@ class TensorSketchProjector(Projector):
         a pass holds inputs (as autograd does), not dim-wide sketches of every layer."""
         return x
 
-    def layer_block(self, name: str, delta: torch.Tensor, kept: torch.Tensor) -> tuple[int, int, torch.Tensor]:
-        """(0, dim, values): each row's ``sum_t C_out delta_t (*) C_in x_t`` (circular convolution, by FFT)."""
+    def layer_block(self, name: str, delta: torch.Tensor, kept: torch.Tensor, groups: torch.Tensor | None = None
+                    ) -> tuple[int, int, torch.Tensor]:
+        """(0, dim, values): each row's TensorSketch of ``sum_t delta_t x_t^T``, by whichever of two exact
+        routes costs less for this layer and pass (``direct_is_cheaper``): the FFT of the two sides'
+        count sketches, per token, or the row's gradient formed (one batched matmul) and scattered into
+        its pair buckets. Same numbers up to rounding (tests/test_batched_sketch.py). With ``groups`` the
+        direct route sums a group's gradients before scattering them (one scatter a prompt, not a row)."""
+        if self.direct_is_cheaper(name, delta.shape[1]):
+            h_out, s_out, h_in, s_in = self.hashes(name, delta.device)
+            # the pair's sign s_out(o) s_in(i) applied on the sides: no out x in multiply
+            d, x = delta * s_out.to(delta.dtype), kept * s_in.to(kept.dtype)
+            if groups is None:
+                g = torch.einsum("bto,bti->boi", d, x)                         # (rows, out, in)
+            else:  # a group's tokens as one sequence: one (out x tokens) @ (tokens x in) product a group
+                g = torch.stack([d[idx].reshape(-1, d.shape[-1]).T @ x[idx].reshape(-1, x.shape[-1])
+                                 for idx in group_rows(groups)])
+            bucket, _ = self.pair_hashes(name, delta.device)
+            out = torch.zeros(g.shape[0], self.out_dim, dtype=g.dtype, device=g.device)
+            return 0, self.out_dim, out.index_add_(1, bucket, g.reshape(g.shape[0], -1))
         spec_out = torch.fft.rfft(self.sketch(name, delta, "out"), dim=-1)   # (rows, tokens, dim // 2 + 1)
         spec_in = torch.fft.rfft(self.sketch(name, kept, "in"), dim=-1)
-        summed = (spec_out * spec_in).sum(dim=1)                             # linear: sum over tokens first
+        summed = group_sum((spec_out * spec_in).sum(dim=1), groups)          # linear: sum over tokens first
         return 0, self.out_dim, torch.fft.irfft(summed, n=self.out_dim, dim=-1)
 
-    def embedding_block(self, name: str, tokens: torch.Tensor, g: torch.Tensor, mask: torch.Tensor
-                        ) -> tuple[int, int, torch.Tensor]:
+    def direct_is_cheaper(self, name: str, tokens: int) -> bool:
+        """Forming the row's gradient costs ~2 T out in (a matmul) plus a scatter of out x in; the FFT route
+        ~T (2 FFTs of dim, ~5 dim log2 dim each, over dim-wide arrays). On a small layer (or short rows)
+        the first is several times cheaper; on a 1.5B model's layers the second, by far. The direct route
+        also holds the layer's pair hashes (out x in, cached) and one (rows, out, in) gradient, so it is
+        taken only while those stay under ``DIRECT_MAX``."""
+        out_f, in_f = self._shapes[name]
+        pairs = out_f * in_f
+        fft = tokens * 10.0 * self.out_dim * max(1.0, math.log2(self.out_dim))
+        return pairs <= DIRECT_MAX and pairs * (2.0 * tokens + 8.0) < fft
+
+    def pair_hashes(self, name: str, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat (out x in) pair buckets ``h_out(o) + h_in(i) mod dim`` and signs ``s_out(o) s_in(i)``, cached."""
+        device = torch.device(device) if device is not None else self.device
+        key = ("pairs", name, str(device))
+        if key not in self._hashes:
+            h_out, s_out, h_in, s_in = self.hashes(name, device)
+            self._hashes[key] = (((h_out[:, None] + h_in[None, :]) % self.out_dim).reshape(-1),
+                                 (s_out[:, None] * s_in[None, :]).reshape(-1))
+        return self._hashes[key]
+
+    def embedding_block(self, name: str, tokens: torch.Tensor, g: torch.Tensor, mask: torch.Tensor,
+                        groups: torch.Tensor | None = None) -> tuple[int, int, torch.Tensor]:
         """The input embedding's share: its gradient is ``sum_t e_{token_t} g_t^T``, so coordinate
         (token_t, i) gets ``g_t[i]``: scattered straight into its bucket (one-hot side: no FFT)."""
         h_out, s_out, h_in, s_in = self.hashes(name, g.device)
         bucket = (h_out[tokens][..., None] + h_in) % self.out_dim                   # (rows, tokens, in)
         values = g * (s_out[tokens].to(g.dtype) * mask[..., 0])[..., None] * s_in.to(g.dtype)
-        out = torch.zeros(g.shape[0], self.out_dim, dtype=g.dtype, device=g.device)
-        out.scatter_add_(1, bucket.reshape(g.shape[0], -1), values.reshape(g.shape[0], -1))
-        return 0, self.out_dim, out
+        rows = torch.arange(g.shape[0], device=g.device) if groups is None else groups
+        n = g.shape[0] if groups is None else int(groups.max()) + 1
+        flat = (rows[:, None, None] * self.out_dim + bucket).reshape(-1)  # (group, bucket) as one index
+        out = torch.zeros(n * self.out_dim, dtype=g.dtype, device=g.device).index_add_(0, flat, values.reshape(-1))
+        return 0, self.out_dim, out.reshape(n, self.out_dim)
 
     def _apply(self, out: torch.Tensor, values: torch.Tensor, piece: Piece, key: int) -> None:
         raise NotImplementedError("TensorSketchProjector.project does not go through kept-coordinate pieces")
