@@ -373,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="NAME:RANKING_CACHE_MB:RANKING_VIEWS_MB, a second server for the cycle (repeatable; "
                         "default sized:2560:1024)")
     p.add_argument("--skip", choices=["stalled", "cycle"], action="append", default=[])
+    p.add_argument("--server-env", action="append", default=[], metavar="CROPI_SERVICE_X=V",
+                   help="a setting of the stalled-readers server (repeatable)")
     a = p.parse_args(argv)
     a.budgets = a.budgets or ["sized:2560:1024"]
     if a.out.exists() and any(a.out.iterdir()):
@@ -388,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     built = bench.build_store(cache, spec, a.prompts, a.validation_prompts, a.dim, a.checkpoints)
     report["store_build_s"] = round(time.perf_counter() - t, 1)
     if "stalled" not in a.skip:
-        report["stalled"] = stalled_phase(a, cache, built, spec, {})
+        env = dict(kv.split("=", 1) for kv in a.server_env)
+        report["stalled"] = stalled_phase(a, cache, built, spec, env)
         s = report["stalled"]["stalled_readers"]
         report["stalled_readers"] = a.stalled
         report["healthz_p99_ms"] = s["healthz"]["p99_ms"]

@@ -63,7 +63,11 @@ class ServiceSettings(BaseSettings):
     max_response_mb: float = Field(default=64.0, gt=0, description="largest gradients response (JSON or Arrow, "
                                    "estimated before anything is read); a larger batch is refused with 413 "
                                    "saying how many ids fit")
-    heavy_requests: int = Field(default=4, ge=1, description="gradient batches made at once; more wait their "
+    # 1: a batch is made mostly in Python under the GIL, so batches made side by side only contend (with
+    # each other and with the event loop). 60 clients sending 3k-id Arrow batches at k=2048, two runs
+    # each on a loaded 2-core machine: /healthz p99 90-164 ms and 69-104 batches served with 1, against
+    # 300-760 ms and 32-61 with 4 (benchmarks/service_bounds.py --server-env CROPI_SERVICE_HEAVY_REQUESTS=N)
+    heavy_requests: int = Field(default=1, ge=1, description="gradient batches made at once; more wait their "
                                 "turn (at most heavy_wait_s, then 429). A waiting batch holds no request thread")
     heavy_wait_s: float = Field(default=10.0, ge=0, description="how long a gradient batch waits for its turn")
     heavy_queue: int = Field(default=64, ge=0, description="gradient batches waiting for their turn at once; "
