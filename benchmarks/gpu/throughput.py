@@ -2,10 +2,12 @@
 on a random-initialised model of Qwen2.5-1.5B's shape (built from its config, nothing
 downloaded), 8 responses of 512 tokens a prompt, kept fraction 0.1.
 
-Three sides over the same prompts, interleaved chunk by chunk (the order rotating) in one run:
+Four sides over the same prompts, interleaved chunk by chunk (the order rotating) in one run:
 ``plain`` (per-prompt forward+backward, the floor), ``sjlt`` (the per-prompt gradient computer,
-default spec at kept fraction 0.1) and ``factored`` (the batched computer: rows of many prompts
-per backward under ``--token-budget``, no weight gradient). Goals: issue 11, sjlt ratio <= 1.3
+default spec at kept fraction 0.1), ``factored`` (the batched computer: rows of many prompts
+per backward under ``--token-budget``, no weight gradient) and ``tensorsketch`` (the same batched
+computer, kind tensorsketch at dim ``SKETCH_DIM``: issue 25's batched kind with full fidelity; goal
+<= 0.5x plain). Goals: issue 11, sjlt ratio <= 1.3
 and < 0.5 s a prompt on one H100 (CROPI reports about 1.45 s a prompt); issue 17, factored
 <= 0.75x plain and >= 1.5x faster than sjlt.
 
@@ -38,6 +40,7 @@ RESPONSES, RESPONSE_TOKENS, PROMPT_TOKENS, KEPT_FRACTION = 8, 512, 128, 0.1
 GOAL_RATIO, GOAL_SECONDS = 1.3, 0.5
 GOAL_FACTORED_OVER_PLAIN, GOAL_SJLT_OVER_FACTORED = 0.75, 1.5
 CHUNK = 8  # prompts per factored call and per round of the interleaving
+SKETCH_DIM = 32768  # the tensorsketch side's dim (CROPI's k)
 
 
 # --smoke: the same code on a tiny model of that family, on CPU (checks the script, measures nothing).
@@ -105,14 +108,21 @@ def run(n_prompts: int, out: Path, smoke: bool = False, token_budget: int | None
     budget = token_budget or LossOptions().token_budget
     factored = make_computer(fmodel, fprojector, LossOptions(token_budget=budget))
     factored.compute_many(trajs[:1])
+    # the tensorsketch side (issue 25: the batched kind with full fidelity), its own copy of the model too
+    tmodel = build_model(device, shape)
+    tspec = ProjectionSpec(kind="tensorsketch", dim=SKETCH_DIM)
+    tprojector = make_projector(tspec, shapes, device=device)
+    sketch = make_computer(tmodel, tprojector, LossOptions(token_budget=budget))
+    sketch.compute_many(trajs[:1])
     plain_fwd_bwd(model, trajs[0], computer.options.token_budget, computer.pad_id)
     fns = {"plain": lambda c: [plain_fwd_bwd(model, t, computer.options.token_budget, computer.pad_id) for t in c],
            "sjlt": lambda c: [computer.compute(t) for t in c],
-           "factored": lambda c: factored.compute_many(c)}
+           "factored": lambda c: factored.compute_many(c),
+           "tensorsketch": lambda c: sketch.compute_many(c)}
     seconds = {k: 0.0 for k in fns}
     for r, start in enumerate(range(1, len(trajs), CHUNK)):
         chunk, names = trajs[start:start + CHUNK], list(fns)
-        for name in names[r % 3:] + names[:r % 3]:
+        for name in names[r % len(names):] + names[:r % len(names)]:
             _sync(device)
             s = time.perf_counter()
             fns[name](chunk)
@@ -127,8 +137,10 @@ def run(n_prompts: int, out: Path, smoke: bool = False, token_budget: int | None
               "spec": spec.model_dump(), "n_kept": projector.n_kept,
               "factored_spec": fspec.model_dump() | {"spec_id": fspec.spec_id, "out_dim": fprojector.out_dim},
               "factored_token_budget": budget,
+              "tensorsketch_spec": tspec.model_dump() | {"spec_id": tspec.spec_id, "out_dim": tprojector.out_dim},
+              "tensorsketch_over_plain": per["tensorsketch"] / per["plain"],
               "seconds_per_prompt": {"gradient_plus_projection": per["sjlt"], "plain_forward_backward": per["plain"],
-                                     "factored_batched": per["factored"]},
+                                     "factored_batched": per["factored"], "tensorsketch_batched": per["tensorsketch"]},
               "ratio_to_fwd_bwd": ratio, "factored_over_plain": f_plain, "sjlt_over_factored": s_f,
               "projection_plan_seconds_once": plan_seconds,
               "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
