@@ -228,3 +228,13 @@ def test_on_a_rank_one_gradient_factored_error_stalls_and_tensorsketch_error_shr
     assert fac[8] / fac[32] < 3          # 16x the outputs: about 2x less error (4x for a JL map)
     assert ts[64] / ts[1024] > 2.5       # 16x the outputs: about 4x less error
     assert ts[1024] < fac[32] / 2        # at the same 1024 outputs the TensorSketch is several times closer
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cpu_and_cuda_tensorsketch_vectors_agree():
+    trajs = two_prompts()
+    spec = ProjectionSpec(kind="tensorsketch", dim=256)
+    cpu = batched_vectors(tiny_model(1), spec, trajs)
+    gpu = batched_vectors(tiny_model(1).cuda(), spec, trajs)
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-6)
