@@ -373,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="NAME:RANKING_CACHE_MB:RANKING_VIEWS_MB, a second server for the cycle (repeatable; "
                         "default sized:2560:1024)")
     p.add_argument("--skip", choices=["stalled", "cycle"], action="append", default=[])
+    p.add_argument("--note", default=None, help="a line kept in the JSON (how the machine was, why this scale)")
     p.add_argument("--server-env", action="append", default=[], metavar="CROPI_SERVICE_X=V",
                    help="a setting of the stalled-readers server (repeatable)")
     a = p.parse_args(argv)
@@ -382,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     spec = ProjectionSpec(dim=a.dim)
     cache = (a.cache or a.out / "cache") / f"prompts{a.prompts}-dim{a.dim}-ck{a.checkpoints}"
-    report: dict = {"prompts": a.prompts, "dim": a.dim, "dtype": "float16", "checkpoints": a.checkpoints,
+    report: dict = {**({"note": a.note} if a.note else {}), "prompts": a.prompts, "dim": a.dim, "dtype": "float16", "checkpoints": a.checkpoints,
                     "machine": platform.platform(), "cpus": os.cpu_count(), "nice": os.nice(0),
                     "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
                     "load_generator": "same machine, loopback: httpx async clients and raw sockets"}
