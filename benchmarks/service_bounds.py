@@ -100,6 +100,33 @@ def server_bounds(base: str, token: str) -> dict:
                 "entries": int(v.get("entries", 0))} for k, v in out.items()}
 
 
+def server_histogram(base: str, token: str) -> dict[str, dict[float, float]]:
+    """The server's own request durations (/metrics, by route, all statuses): cumulative counts by bucket."""
+    import httpx
+
+    text = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30).text
+    out: dict[str, dict[float, float]] = {}
+    pattern = r'^cropi_http_request_duration_seconds_bucket\{le="([^"]+)",method="\w+",route="([^"]+)",status="\d+"\} (\S+)$'
+    for le, route, n in re.findall(pattern, text, re.M):
+        buckets = out.setdefault(route, {})
+        buckets[float(le)] = buckets.get(float(le), 0.0) + float(n)
+    return out
+
+
+def server_side(before: dict, after: dict) -> dict:
+    """Per route, the requests between two scrapes and the bucket bounds their p50 and p99 fall under: the
+    time the server itself took, without the time a request waited to be read or the client to run."""
+    out = {}
+    for route, buckets in after.items():
+        delta = {le: n - before.get(route, {}).get(le, 0.0) for le, n in buckets.items()}
+        total = delta.get(float("inf"), 0.0)
+        if total <= 0:
+            continue
+        bound = lambda q: next(le for le in sorted(delta) if delta[le] >= q * total)  # noqa: E731
+        out[route] = {"n": int(total), "p50_at_most_ms": bound(0.5) * 1000, "p99_at_most_ms": bound(0.99) * 1000}
+    return out
+
+
 # 1. stalled readers
 
 async def stalled_reader(port: int, token: str, path: str, body: bytes, stop_at: float, every: float,
@@ -259,10 +286,12 @@ def stalled_phase(a: argparse.Namespace, cache: Path, built: dict, spec: Project
         # answers beside the same load; each with the /healthz probe
         for name, stalled, batch_clients in (("stalled_readers", a.stalled, 0), ("queued_batches", 0, a.batch_clients)):
             first = len(rss.samples)
+            histogram = server_histogram(base, tokens["good"])
             phase = attack(base, port, tokens, cks, pool_ids, ranked, a, batch, settings.stall_timeout_s, stalled,
                            batch_clients)
             samples = rss.samples[first:] or [0.0]
             phase["server_rss_max_mb"] = round(max(samples), 1)
+            phase["server_side"] = server_side(histogram, server_histogram(base, tokens["good"]))
             phase["bounds_after"] = server_bounds(base, tokens["good"])
             out[name] = phase
             time.sleep(2.0)  # the attackers' connections closed, their answers freed
