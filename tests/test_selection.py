@@ -264,3 +264,12 @@ def test_every_demo_method_has_its_own_colour():
 
     colours = [color(m) for m in known_methods()]
     assert len(set(colours)) == len(colours)
+
+
+def test_diverse_refuses_work_past_its_bound_before_starting(monkeypatch):
+    from cropi.selection import influence
+
+    ids, vecs, status, ranking = _pool(seed=6)
+    monkeypatch.setattr(influence, "MAX_GREEDY_WORK", 10.0)
+    with pytest.raises(InvalidInputError, match="lower the selection fraction.*selector 'cropi'"):
+        pick("diverse", ids, 0.2, ranking=ranking, vectors=vecs)
