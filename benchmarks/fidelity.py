@@ -156,9 +156,11 @@ def run(quick: bool, out: Path, workdir: Path, only: str | None = None) -> dict:
     linear = covered_mask(shapes)
 
     exact, exact_lin, proj, statuses, ess = [], [], {key: [] for key in projectors}, [], []
+    structure = []
     for results, g in full_gradients(computer, pool, "pool gradients + projections"):
         statuses += [r.status for r in results]
         ess += [r.ess for r in results]
+        structure += [block_structure(row, shapes) for row, r in zip(g, results) if r.status == "ok"]
         exact.append(np.array([cosines(row.double().numpy()[None], v_exact)[0] for row in g]))
         exact_lin.append(np.array([cosines(row.double().numpy()[None] * linear, v_exact * linear)[0] for row in g]))
         for key, p in projectors.items():
@@ -216,8 +218,9 @@ def run(quick: bool, out: Path, workdir: Path, only: str | None = None) -> dict:
                          "met": bool(min(v["precision_at_10"] for v in c["seeds"].values()) >= 0.95
                                      and c["compression"] >= 100)}
                   for name, c in report_cells.items() if c["kind"] in ("factored", "tensorsketch")},
-              "exact_boundary": {"ranks": f"{top_n - 3}..{top_n + 4} (1-based; the cut after rank {top_n})",
-                                 "cosines": np.sort(exact)[::-1][top_n - 4:top_n + 4].round(5).tolist()},
+              "exact_boundary": {"ranks": f"{max(1, top_n - 3)}..{top_n + 4} (1-based; the cut after rank {top_n})",
+                                 "cosines": np.sort(exact)[::-1][max(0, top_n - 4):top_n + 4].round(5).tolist()},
+              "gradient_structure": structure_summary(structure, block_structure(torch.from_numpy(v_exact), shapes)),
               "grid": report_cells,
               "seconds": {"model": t_model, "collect": t_collect, "gradients_and_projections": t_grad,
                           "total": time.perf_counter() - t0},
@@ -226,6 +229,32 @@ def run(quick: bool, out: Path, workdir: Path, only: str | None = None) -> dict:
     write_json(out, f"{stem}.json", report)
     plot(report, cfg, scatter, out / f"{stem}.png")
     return report
+
+
+def block_structure(row: torch.Tensor, shapes: dict) -> dict:
+    """How concentrated one gradient is: the largest 2-d block's share of the squared norm, and within
+    that block the share of its top 20 rows and of its top singular value (why a Kronecker sketch,
+    whose error on a rank-one block shrinks only as 1/sqrt(factor), fails here)."""
+    parts = dict(zip(shapes, torch.split(row.double(), [int(np.prod(s)) for s in shapes.values()])))
+    total = float(row.double().pow(2).sum()) or 1.0
+    name = max((n for n, s in shapes.items() if len(s) == 2), key=lambda n: float(parts[n].pow(2).sum()))
+    block = parts[name].reshape(shapes[name])
+    energy = float(block.pow(2).sum()) or 1.0
+    rows = torch.sort(block.pow(2).sum(1), descending=True).values
+    sv = torch.linalg.svdvals(block).pow(2)
+    return {"block": name, "block_share": energy / total, "top20_rows_share": float(rows[:20].sum()) / energy,
+            "top_singular_share": float(sv[0] / sv.sum())}
+
+
+def structure_summary(rows: list[dict], validation: dict) -> dict:
+    names = [r["block"] for r in rows]
+    top = max(set(names), key=names.count)
+    med = {k: float(np.median([r[k] for r in rows])) for k in ("block_share", "top20_rows_share", "top_singular_share")}
+    return {"what": "per informative pool prompt (medians) and for the validation mean: the 2-d block with the largest "
+                    "share of the squared gradient norm, that share, and within the block the share of its top 20 "
+                    "rows and of its top singular value",
+            "dominant_block": top, "prompts_with_that_block": names.count(top) / max(1, len(names)),
+            "median": med, "validation_mean": validation}
 
 
 def covered_mask(shapes: dict) -> np.ndarray:
