@@ -80,7 +80,8 @@ def capture(root: Path) -> dict:
             _cli("gradients", "--model", str(MODEL), "--trajectories", str(root / "traj" / split),
                  "--store", str(store), "--split", split, "--name", "golden", *proj)
         ranked = _cli("rank", "--store", str(store), "--name", "golden", "--pool", "pool",
-                      "--validation", "val_a,val_b", "--top-fraction", "0.25")
+                      "--validation", "val_a,val_b", "--top-fraction", "0.25",
+                      "--selector", "cropi")  # the rule the original code had: its selected column is pinned
         spec_id = ranked["meta"]["spec_id"]
         gs = GradientStore(str(store))
         for split in SPLITS:

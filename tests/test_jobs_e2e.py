@@ -63,7 +63,7 @@ def test_collect_rows_follow_the_contract(collected, task_model):
 
 def test_rank_end_to_end_matches_library(scored, capsys):
     out = run_cli("rank", "--store", str(scored / "store"), "--name", "warm", "--pool", "pool",
-                  "--validation", "val_a,val_b", "--top-fraction", "0.25")
+                  "--validation", "val_a,val_b", "--top-fraction", "0.25", "--selector", "cropi")
     rows = out["rows"]
     assert len(rows) == 20
     ranked = [r for r in rows if r["rank"] > 0]

@@ -97,6 +97,7 @@ def refreshed_run(tmp_path_factory):
     config = CurriculumConfig.model_validate(dict(
         name="refreshed", model=str(build_tiny_model(base / "model", size="tiny", seed=0)), pool=files["pool"],
         validation={"val_a": files["val_a"]}, stages=2, select_fraction=0.25, steps_per_stage=1, trainer="fake",
+        selector="cropi",
         reward=REWARD, loss={"advantage": "theta"},
         refresh={"criterion": "status", "above": 0.0, "budget": BUDGET},
         collect=dict(pool_samples=4, validation_samples=4, temperature=1.0, max_new_tokens=6, backend="hf",
@@ -113,7 +114,7 @@ def refreshed_run(tmp_path_factory):
 def test_the_first_stage_is_not_refreshed(refreshed_run):
     _, root, result, state = refreshed_run
     assert result["stages"][0]["refreshed"] is None  # theta_0 is the behavior policy: nothing is stale
-    assert state["stages"][0]["scored"]["ranking"].endswith("/pool.parquet")
+    assert state["stages"][0]["scored"]["ranking"].endswith("/pool.cropi.parquet")  # cropi is not the default selector
 
 
 def test_a_later_stage_refreshes_exactly_what_its_criterion_names_within_the_budget(refreshed_run):
@@ -142,8 +143,8 @@ def test_the_stage_ranks_refreshed_prompts_from_their_fresh_on_policy_gradients(
     ranking = pq.read_table(scored["ranking"])
     meta = json.loads(ranking.schema.metadata[b"cropi.ranking"])
     split = meta["replaced_by"]
-    assert Path(scored["ranking"]).name == f"{split}.parquet"
-    assert (Path(scored["ranking"]).parent / "pool.parquet").is_file()  # the pool's own ranking is kept
+    assert Path(scored["ranking"]).name == f"{split}.cropi.parquet"  # named for its selector (not the default)
+    assert (Path(scored["ranking"]).parent / "pool.cropi.parquet").is_file()  # the pool's own ranking is kept
     gs = GradientStore(str(root / "store"))
     pool = gs.open_split(scored["checkpoint"], scored["spec_id"], "pool").read()
     fresh = gs.open_split(scored["checkpoint"], scored["spec_id"], split).read()

@@ -13,10 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from cropi.errors import InvalidInputError, format_validation_error
 from cropi.tasks.base import DEFAULT_TASK, POOL, Task, load_task
 
-# The comparison: CROPI, the pool, and the selections it has to beat or approach. ``informative``
+# The comparison: the default selector (diverse), CROPI's rule, the pool, and the selections they have to
+# beat or approach. ``informative``
 # (a random fraction of the mixed-reward prompts) isolates what influence adds over a variance filter.
 # Every other selector of the registry (cropi.selection) is a method too, opt-in with ``methods``.
-METHODS = ("cropi", "full", "random", "pass_rate", "informative", "oracle")
+METHODS = ("diverse", "cropi", "full", "random", "pass_rate", "informative", "oracle")
 # CROPI with one scoring option changed (opt-in with ``methods``): demo method -> curriculum config fields.
 VARIANTS: dict[str, dict[str, Any]] = {"cropi_by_answer": {"validation_groups": "answer"},
                                        "cropi_theta": {"loss": {"advantage": "theta"}},

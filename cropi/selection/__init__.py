@@ -7,7 +7,9 @@ from cropi.selection.base import (REGISTRY, NoOptions, Selection, SelectionInput
 from cropi.selection.controls import pass_rate_score, pass_rates
 
 SELECTORS = tuple(REGISTRY)
-DEFAULT_SELECTOR = "cropi"
+# Chosen by issue 27's decision rule, fixed before its runs (docs/demo.md): the best of the selectors
+# against the informative control on lists and skills (benchmarks/results/demo/selectors/decision.json).
+DEFAULT_SELECTOR = "diverse"
 # Selectors computed beside the influence ranking (by the score step), the others from theta_0's trajectories.
 RANKING_SELECTORS = tuple(n for n, s in REGISTRY.items() if "ranking" in s.needs)
 

@@ -35,8 +35,6 @@ class CurriculumConfig(ScoringSettings):
     validation: dict[str, str] = Field(default_factory=dict, description="validation split name -> prompt file")
     stages: int = Field(3, ge=1, le=MAX_STAGES)
     steps_per_stage: int = Field(10, ge=1)
-    selector: SelectorName = Field("cropi", description=ScoringSettings.model_fields["selector"].description,
-                                   validation_alias=AliasChoices("selector", "method"))
     skew_fields: list[str] = Field(default_factory=list, max_length=32, description="keys of the pool records' "
                                    "extra_info whose skew every stage's record checks beside the answer labels "
                                    "(a latent feature the targets may share: a shortcut)")
