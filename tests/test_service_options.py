@@ -60,6 +60,18 @@ def test_offered_fields_keep_the_library_bounds_and_tighten_them():
         {"select_fraction": 0.5}
 
 
+def test_a_caller_names_a_selector_of_the_librarys_registry():
+    from cropi.selection import DEFAULT_SELECTOR, SELECTORS
+
+    assert caller.ScoringOptions.model_validate({}).model_dump(exclude_none=True).get("selector",
+                                                                                      DEFAULT_SELECTOR) == "diverse"
+    assert caller.CurriculumOptions.model_validate({"selector": "informative"}).selector == "informative"
+    assert caller.CurriculumOptions.model_validate({"method": "cropi"}).selector == "cropi"  # the old name
+    with pytest.raises(ValidationError) as e:
+        caller.CurriculumOptions.model_validate({"selector": "best"})
+    assert all(name in str(e.value) for name in SELECTORS)  # the refusal lists the registered ones
+
+
 def test_a_curriculum_caller_may_ask_for_a_per_stage_refresh_within_the_librarys_rules():
     got = caller.CurriculumOptions.model_validate({"refresh": {"criterion": "status", "above": 0.4, "budget": 0.2}})
     assert got.model_dump(exclude_none=True)["refresh"] == {"criterion": "status", "above": 0.4, "budget": 0.2}
