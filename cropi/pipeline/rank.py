@@ -1,7 +1,8 @@
 """The rank job: score a pool split against validation splits and persist the ranking.
 
 Rankings live beside the shards, one Parquet file per (checkpoint, spec, pool):
-``<store>/rankings/<checkpoint>/<spec_id>/<pool>.parquet``, meta in its schema metadata.
+``<store>/rankings/<checkpoint>/<spec_id>/<pool>.parquet``, meta in its schema metadata (a selector other
+than the default: ``<pool>.<selector>.parquet``, see ``ranking_name``).
 """
 
 from __future__ import annotations
