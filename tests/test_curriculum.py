@@ -363,3 +363,21 @@ def test_a_second_selector_at_the_same_checkpoint_keeps_cropis_ranking(setup, cr
     positive = [p for p, g in gain.items() if g > 0]
     assert set(chosen) <= set(positive)  # first-order helpful prompts only
     assert len(chosen) == min(len(positive), math.ceil(FRACTION * POOL))
+
+
+def test_the_service_finds_a_ranking_stored_under_its_selectors_name(setup, cropi_run):
+    """CROPI's curriculum (selector 'cropi', not the default) stores its rankings as pool.cropi.parquet:
+    the service's library finds and serves them, and their version follows the file."""
+    from cropi.pipeline.rank import stored_ranking_name
+    from cropi_service.domain.library import CropiLibrary
+
+    result, _, _ = cropi_run
+    path = Path(result["stages"][1]["ranking"])
+    name, spec = path.parts[-3], path.parts[-2]
+    assert path.name == "pool.cropi.parquet"
+    assert stored_ranking_name(str(Path(setup["root"]) / "store"), name, spec) == "pool.cropi"
+    library = CropiLibrary(setup["root"])
+    served = library.ranking(name, spec)
+    assert served.meta["selector"] == "cropi" and served.table.equals(pq.read_table(path).replace_schema_metadata())
+    assert library.ranking_version(name, spec) is not None
+    assert stored_ranking_name(str(Path(setup["root"]) / "store"), "nobody", spec) == "pool"  # none yet

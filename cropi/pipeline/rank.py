@@ -69,6 +69,19 @@ def ranking_name(pool: str, selector: str) -> str:
     return pool if selector == DEFAULT_SELECTOR else f"{pool}.{selector}"
 
 
+def stored_ranking_name(store: str, name: str, spec_id: str, pool: str = POOL) -> str:
+    """The name the pool's ranking at this checkpoint is stored under: the default selector's when it
+    exists, else the one other selector's that does (a checkpoint scored once, with another selector),
+    else the default's (not written yet)."""
+    from cropi.utils.fsio import file_exists
+
+    for selector in (DEFAULT_SELECTOR, *(s for s in SELECTORS if s != DEFAULT_SELECTOR)):
+        fs, path = rankings.ranking_file(store, name, spec_id, ranking_name(pool, selector))
+        if file_exists(fs, path):
+            return ranking_name(pool, selector)
+    return pool
+
+
 def check_selector(name: str, options: dict) -> None:
     """Refuse, before any work, a selector the ranking cannot run or options its model refuses."""
     selector = get_selector(name)

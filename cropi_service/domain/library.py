@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any, Hashable, Protocol
 
-from cropi.contracts import POOL
 from cropi.data import load_prompts
 from cropi.errors import InvalidInputError, NotFoundError
-from cropi.pipeline.rank import RankingResult, load_ranking
+from cropi.pipeline.rank import RankingResult, load_ranking, stored_ranking_name
 from cropi.store.rankings import ranking_file
 from cropi.pipeline.requests import store_path
 from cropi.store import GradientStore, GradientTable, PartCache, SplitReader
@@ -82,11 +81,12 @@ class CropiLibrary:
         return spec_id(projection)
 
     def ranking_version(self, name: str, spec_id: str) -> Hashable | None:
-        _, path = ranking_file(self.store, name, spec_id, POOL)
+        _, path = ranking_file(self.store, name, spec_id, stored_ranking_name(self.store, name, spec_id))
         return file_stamp(path)
 
     def ranking(self, name: str, spec_id: str) -> RankingResult:
-        return load_ranking(self.store, name, pool=POOL, spec_id=spec_id)
+        # the one ranking of the pool: a checkpoint scored with a non-default selector stores it by that name
+        return load_ranking(self.store, name, pool=stored_ranking_name(self.store, name, spec_id), spec_id=spec_id)
 
     def gradients_version(self, name: str, spec_id: str, split: str) -> Hashable | None:
         split_ = GradientStore(self.store).open_split(name, spec_id, split)
