@@ -172,7 +172,8 @@ def _format_ranking(res, limit: int) -> str:
     lines = ["\t".join(head)]
     for r in rows:
         lines.append("\t".join(str(r["rank"]) if c == "rank" else (f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])) for c in head))
-    lines.append(f"excluded: {res.excluded or 'none'}; selected: {sum(res.table[SELECTED].to_pylist())}")
+    lines.append(f"excluded: {res.excluded or 'none'}; selected: {sum(res.table[SELECTED].to_pylist())} "
+                 f"by selector {res.meta.get('selector', 'cropi')}")
     return "\n".join(lines + _format_mix(res.meta.get("selection")))
 
 
@@ -186,6 +187,10 @@ def _format_mix(mix: dict | None) -> list[str]:
             f"{r['selected_modal_answer_share']:.2f} ({r['selected_modal_answer']})"
         lines.append(f"{source}\t{r['pool_share']:.2f}\t{r['selected_share']:.2f}\t"
                      f"{r['pool_modal_answer_share']:.2f}\t{picked}")
+    if mix.get("selection_alignment") is not None:  # how much the selected gradients agree (a shortcut's sign)
+        lines.append(f"selection: mean pairwise gradient cosine {mix['selection_alignment']:.3f} (a random draw: "
+                     f"{mix['random_alignment']:.3f}); offline pass rate {mix['selection_pass_rate']:.2f} "
+                     f"(pool: {mix['pool_pass_rate']:.2f})")
     return lines + [f"WARNING {w['code']}: {w['message']}" for w in mix["warnings"]]
 
 

@@ -350,7 +350,7 @@ def test_a_second_selector_at_the_same_checkpoint_keeps_cropis_ranking(setup, cr
     use_trainer(monkeypatch, FakeTrainer())
     diverse = run_curriculum(make_config(setup, name="diverse-run", method="diverse", stages=1), root=setup["root"])
     stage = diverse["stages"][0]
-    assert stage["ranking"] == cropi_ranking.replace("/pool.parquet", "/pool.diverse.parquet")
+    assert stage["ranking"] == cropi_ranking.replace("/pool.cropi.parquet", "/pool.parquet")  # the default's name
     assert pq.read_table(cropi_ranking).equals(before)  # CROPI's selected column untouched
     ranking = pq.read_table(stage["ranking"])
     meta = json.loads(ranking.schema.metadata[b"cropi.ranking"])
@@ -363,6 +363,20 @@ def test_a_second_selector_at_the_same_checkpoint_keeps_cropis_ranking(setup, cr
     positive = [p for p, g in gain.items() if g > 0]
     assert set(chosen) <= set(positive)  # first-order helpful prompts only
     assert len(chosen) == min(len(positive), math.ceil(FRACTION * POOL))
+    record = stage["selection"]  # the stage record carries the picks' agreement from the ranking
+    assert record["selection_alignment"] == meta["selection"]["selection_alignment"]
+    assert "batch_signal_to_noise" not in record  # the fake trainer names no batch size: no verdict
+
+
+def test_a_stage_record_warns_of_a_concentrated_selection_at_the_trainers_batch(setup, cropi_run, monkeypatch):
+    from cropi.scoring.diagnostics import CONCENTRATED
+
+    use_trainer(monkeypatch, FakeTrainer())
+    config = make_config(setup, name="snr", stages=1, trainer_options={"batch_prompts": 1000})
+    stage = run_curriculum(config, root=setup["root"])["stages"][0]
+    sel = stage["selection"]["selection_alignment"]
+    assert stage["selection"]["batch_signal_to_noise"] == pytest.approx(1000 * sel / (1 - sel))
+    assert (CONCENTRATED in [w["code"] for w in stage["selection"]["warnings"]]) == (1000 * sel / (1 - sel) >= 1)
 
 
 def test_the_service_finds_a_ranking_stored_under_its_selectors_name(setup, cropi_run):

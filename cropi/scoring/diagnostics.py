@@ -118,18 +118,25 @@ def alignment(selected: np.ndarray, pool: np.ndarray, batch: int | None = None) 
         return float((total @ total - n) / (n * (n - 1))) if n >= 2 else None
 
     sel, rand = mean_cos(selected), mean_cos(pool)
-    out = {"selection_alignment": sel, "random_alignment": rand, "warnings": []}
-    if batch and sel is not None and sel < 1:
-        snr = batch * sel / (1 - sel)
-        out["batch_signal_to_noise"] = snr
-        if snr >= 1:
-            out["warnings"].append({
-                "code": CONCENTRATED, "selection_alignment": sel, "random_alignment": rand,
-                "message": f"the selected prompts' gradients agree (mean pairwise cosine {sel:.3f} against {rand:.3f} "
-                           f"for a random draw): in batches of {batch} their shared direction outweighs the rest "
-                           f"({snr:.1f}x), so AdamW steps along it at full size every step and the subset can "
-                           "overshoot within a few steps. Shorten the stages, lower the learning rate, or use a "
-                           "selector that bounds the concentration (selector 'diverse')"})
+    return {"selection_alignment": sel, "random_alignment": rand} | concentration(sel, rand, batch)
+
+
+def concentration(sel: float | None, rand: float | None, batch: int | None) -> dict:
+    """``batch_signal_to_noise`` of a selection whose mean pairwise cosine is ``sel`` (see ``alignment``),
+    and the ``concentrated_selection`` warning when it reaches 1."""
+    out: dict = {"warnings": []}
+    if not batch or sel is None or sel >= 1:
+        return out
+    snr = batch * sel / (1 - sel)
+    out["batch_signal_to_noise"] = snr
+    if snr >= 1:
+        out["warnings"].append({
+            "code": CONCENTRATED, "selection_alignment": sel, "random_alignment": rand,
+            "message": f"the selected prompts' gradients agree (mean pairwise cosine {sel:.3f} against "
+                       f"{rand if rand is None else round(rand, 3)} for a random draw): in batches of {batch} their "
+                       f"shared direction outweighs the rest ({snr:.1f}x), so AdamW steps along it at full size "
+                       "every step and the subset can overshoot within a few steps. Shorten the stages, lower the "
+                       "learning rate, or use a selector that bounds the concentration (selector 'diverse')"})
     return out
 
 

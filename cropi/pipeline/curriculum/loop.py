@@ -49,7 +49,7 @@ def _run_stage(config: CurriculumConfig, paths: CurriculumPaths, state: StageSta
         scored = steps.score(config, paths, m, model, progress)
         if "scored" not in stage:  # with its wall seconds: what the method's selection cost at this stage
             state.finish(m, "scored", scored.record | {"seconds": round(time.monotonic() - started, 3)})
-        state.finish(m, "selected", steps.select_stage(config, paths, m, pool, scored.chosen))
+        state.finish(m, "selected", steps.select_stage(config, paths, m, pool, scored.chosen, scored.mix))
     state.finish(m, "trained", steps.train(config, paths, m, model, stage["selected"]["subset"], trainer))
     steps.write_metrics(paths, m, stage)
 

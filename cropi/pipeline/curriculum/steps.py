@@ -29,7 +29,9 @@ from cropi.errors import InvalidInputError
 from cropi.pipeline.curriculum.config import MAX_STAGES, CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumPaths
 from cropi.pipeline.rank import pool_labels
-from cropi.scoring.diagnostics import field_skew, selection_mix
+from cropi.scoring.diagnostics import concentration, field_skew, selection_mix
+
+SIGNAL = ("selection_alignment", "random_alignment", "selection_pass_rate", "pool_pass_rate")
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.score import ensure_trajectories, score_checkpoint
 from cropi.selection import SelectionInputs, get_selector, pass_rate_score, pass_rates, select
@@ -44,6 +46,7 @@ class StageScore:
 
     record: dict
     chosen: Optional[list[str]]
+    mix: Optional[dict] = None  # a ranking selector's record of its selection (cropi.pipeline.rank.selection_signal)
 
 
 def score(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, progress: Progress) -> StageScore:
@@ -66,12 +69,13 @@ def score(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, 
               "selector_options": config.selector_options}
     if result.refreshed is not None:
         record["refreshed"] = len(result.refreshed)
-    return StageScore(record, result.selected)
+    return StageScore(record, result.selected, result.diagnostics)
 
 
 def select_stage(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool: dict[str, PromptRecord],
-                 chosen: Optional[list[str]]) -> dict:
-    """Write the stage subset: ``chosen`` (best first), or the selector's own draw."""
+                 chosen: Optional[list[str]], scored_mix: Optional[dict] = None) -> dict:
+    """Write the stage subset: ``chosen`` (best first), or the selector's own draw. ``scored_mix`` is the
+    ranking's record of the selection (its gradients' agreement), when a ranking selector made it."""
     if chosen is None:
         validation = [r for path in config.validation.values() for r in load_prompts(path)]
         chosen = select(config.selector, _inputs(config, m, records=pool, validation=validation),
@@ -86,6 +90,12 @@ def select_stage(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool:
     subset = paths.stage(m) / "subset.parquet"
     write_verl_parquet([pool[p] for p in chosen], str(subset), split="train")
     mix = selection_mix(chosen, pool_labels(pool.values()))
+    if scored_mix:  # a ranking selector's record: how much the picks' gradients agree, judged at the trainer's batch
+        signal = {k: scored_mix[k] for k in SIGNAL if k in scored_mix}
+        warned = concentration(signal.get("selection_alignment"), signal.get("random_alignment"),
+                               config.trainer_options.get("batch_prompts"))
+        mix = mix | signal | {k: v for k, v in warned.items() if k != "warnings"}
+        mix["warnings"] = mix["warnings"] + warned["warnings"]
     if config.skew_fields:
         fields = {f: {p: str(r.extra_info.get(f)) for p, r in pool.items()} for f in config.skew_fields}
         skew = field_skew(chosen, fields)
