@@ -6,9 +6,9 @@ Each says what a layer's forward pass keeps (``keep_input``), what a layer's bac
 row (``layer_block``) and what the input embedding adds (``embedding_block``); the hooks below are
 the same for both. Described for the factored kind, whose terms the docs use.
 
-It finds the modules that use every parameter the projector covers: ``nn.Linear`` layers, and the input ``nn.Embedding`` (with tied
-weights one matrix is both the embedding and the output layer; its block is the sum of both
-uses, as its gradient is). Inside ``with hooks.capture(token_mask) as cap``:
+It finds the modules that use every parameter the projector covers: ``nn.Linear`` layers, and
+the input ``nn.Embedding`` (with tied weights one matrix is both the embedding and the output
+layer; its block is the sum of both uses, as its gradient is). Inside ``with hooks.capture(token_mask) as cap``:
 
 - the forward hook of each linear layer keeps ``P_in x_t`` (zeroed where ``token_mask`` is 0, so
   padding contributes nothing whatever the model computes there) and puts a hook on the
