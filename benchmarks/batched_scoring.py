@@ -88,8 +88,8 @@ def run(pool_n: int, val_n: int, sketch_dim: int, out: Path) -> dict:
         per_prompt[split] = {name: s / max(1, len(trajs)) for name, s in seconds.items()}
     share = {split: len(informative[split]) / len(trajs) for split, trajs in (("pool", pool), ("validation", val))}
     estimate = {name: sum(STAGE[split] * share[split] * per_prompt[split][name] for split in STAGE) for name in fns}
-    ratios = {f"{name}_over_plain": sum(per_prompt[s][name] for s in STAGE) / sum(per_prompt[s]["plain"] for s in STAGE)
-              for name in ("sjlt", "tensorsketch", "factored")}
+    # ratios of the stage estimates (pool and validation prompts in the stage's proportions)
+    ratios = {f"{name}_over_plain": estimate[name] / estimate["plain"] for name in ("sjlt", "tensorsketch", "factored")}
     ratios["sjlt_over_tensorsketch"] = estimate["sjlt"] / estimate["tensorsketch"]
     report = {"task": TASK, "model": model_path.split("/")[-1],
               "model_parameters": sum(p.numel() for p in plain_model.parameters()),
