@@ -108,7 +108,8 @@ class ServiceSettings(BaseSettings):
     max_checkpoints: int = Field(default=10000, ge=1, description="checkpoints registered at once; past it a "
                                  "registration is refused (409 registry_full) until some are removed with "
                                  "DELETE /v1/checkpoints/{id} (their stored results stay)")
-    # 512: a 1M-prompt ranking loaded is about 45 MB (its Arrow table and sort orders), a 100k one 4.5 MB
+    # 512: a ranking loaded is about 60 bytes a prompt with two validation sets (6.0 MB at 100k prompts,
+    # benchmarks/results/service_bounds.json), so 85 of them at 100k, 8 at 1M
     ranking_views_mb: float = Field(default=512.0, ge=0, description="memory for loaded rankings (each "
                                     "checkpoint's ranked table, read at its first page), all checkpoints "
                                     "together, least recently used dropped first. A ranking larger than it is "
