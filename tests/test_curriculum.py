@@ -285,8 +285,10 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
 
     from cropi.pipeline.curriculum import CurriculumPaths, collect_jobs, gradient_jobs, scoring_splits
 
+    # "method" named: the default selector is diverse since issue 27, and a config that names no method
+    # now means it (a curriculum started before under the old default resumes by naming cropi)
     cfg = CurriculumConfig.model_validate(dict(
-        name="pinned", model="/m", pool="/p", validation={"v": "/v"}, stages=2, select_fraction=0.2,
+        name="pinned", model="/m", pool="/p", validation={"v": "/v"}, stages=2, select_fraction=0.2, method="cropi",
         reward="exact_numeric", collect=dict(pool_samples=4, temperature=1.0, backend="hf",
                                              backend_options={"max_batch_rows": 8}),
         projection=dict(dim=64), gradient_dtype="float32"))

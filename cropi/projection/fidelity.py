@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from cropi.errors import CropiError
 from cropi.projection.spec import ProjectionSpec
 
 BENCHMARK = "benchmarks/fidelity.py"
@@ -64,8 +65,13 @@ def notice(spec: ProjectionSpec) -> str | None:
 
 
 def notice_for_record(record: Mapping[str, Any]) -> str | None:
-    """``notice`` for a spec as a store records it (its fields and ``spec_id``)."""
-    return notice(ProjectionSpec.from_record(record))
+    """``notice`` for a spec as a store records it (its fields and ``spec_id``); None when the record does
+    not rebuild a spec (an older or foreign record): the notice is advice and never fails a ranking."""
+    try:
+        spec = ProjectionSpec.from_record(record)
+    except (CropiError, ValueError, TypeError, KeyError):
+        return None
+    return notice(spec)
 
 
 def notice_for_split(store: str, checkpoint: str, spec_id: str, split: str) -> str | None:
