@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # `support` when run as a script (--write, --capture)
 from support.golden import COLLECT, GOLDEN, HERE, MODEL, cli as _cli  # noqa: E402,F401
 
 SPLITS = ("pool", "val_a", "val_b")
