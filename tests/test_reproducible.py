@@ -40,19 +40,19 @@ def records():
 
 
 def test_a_recipe_gives_the_same_model_files_at_1_and_2_threads_and_in_a_fresh_process(records, tmp_path):
-    from cropi.models.warmstart import WarmStartConfig, warm_start
+    from cropi.models.warmstart import WarmStartConfig, set_threads, warm_start
 
     caller = torch.get_num_threads()
     try:
         for n in (1, 2):
-            torch.set_num_threads(n)
+            set_threads(n)
             summary = warm_start(tmp_path / f"threads-{n}", records, WarmStartConfig(**RECIPE))
             assert torch.get_num_threads() == n  # the build gave the caller its own count back
             # what a rebuild must share to be byte-identical, recorded with the model's summary
             assert summary["numerics"] == {"torch": torch.__version__, "torch_threads": 1,
                                            "cpu_capability": torch.backends.cpu.get_cpu_capability().lower()}
     finally:
-        torch.set_num_threads(caller)
+        set_threads(caller)
     # a fresh process at the machine's own setting, as `cropi demo` places its model (2 threads here)
     env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
     proc = subprocess.run([sys.executable, "-c", BUILD, str(tmp_path / "fresh")], env=env, capture_output=True,
@@ -67,15 +67,15 @@ def test_every_demo_phase_takes_the_build_thread_count(monkeypatch):
     """init_worker (every demo worker, the inline executor, build_assets, the probe benchmark) sets the
     count the builds run at, so the demo's collection, scoring and training agree across launchers."""
     from cropi.demo.work import init_worker
-    from cropi.models.warmstart import TORCH_THREADS, WarmStartError, torch_threads
+    from cropi.models.warmstart import TORCH_THREADS, WarmStartError, set_threads, torch_threads
 
     caller = torch.get_num_threads()
     try:
-        torch.set_num_threads(2)
+        set_threads(2)
         init_worker()
         assert torch.get_num_threads() == TORCH_THREADS == 1
     finally:
-        torch.set_num_threads(caller)
+        set_threads(caller)
     with pytest.raises(WarmStartError, match="threads must be >= 1"):
         with torch_threads(0):
             pass

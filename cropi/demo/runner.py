@@ -202,9 +202,9 @@ class _InlineExecutor:
         return self
 
     def __exit__(self, *exc) -> None:
-        import torch
+        from cropi.models.warmstart import set_threads
 
-        torch.set_num_threads(self._threads)
+        set_threads(self._threads)
 
 
 class _Clock:

@@ -22,12 +22,11 @@ def init_worker() -> None:
     alike, so one worker or two and any machine core count give the same numbers: a float32
     reduction split over more threads adds in another order."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import torch
     import transformers
 
-    from cropi.models.warmstart import TORCH_THREADS
+    from cropi.models.warmstart import TORCH_THREADS, set_threads
 
-    torch.set_num_threads(TORCH_THREADS)
+    set_threads(TORCH_THREADS)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
 

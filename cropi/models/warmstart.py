@@ -80,6 +80,13 @@ class WarmStartConfig:
             raise WarmStartError(f"lr must be > 0, got {self.lr}")
 
 
+def set_threads(n: int) -> None:
+    """Set torch's intra-op thread count, even where vLLM's in-process CPU worker has replaced
+    ``torch.set_num_threads`` with a no-op (vllm/v1/worker/cpu_worker.py does, after binding its
+    threads): the builtin itself is called, so the thread policy holds in any process."""
+    torch._C.set_num_threads(n)
+
+
 @contextlib.contextmanager
 def torch_threads(n: int = TORCH_THREADS):
     """Run the block at ``n`` torch threads (intra-op, which also sets MKL's), then give the caller
@@ -87,11 +94,11 @@ def torch_threads(n: int = TORCH_THREADS):
     if n < 1:
         raise WarmStartError(f"torch threads must be >= 1, got {n}")
     before = torch.get_num_threads()
-    torch.set_num_threads(n)
+    set_threads(n)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        set_threads(before)
 
 
 def numerics() -> dict:
