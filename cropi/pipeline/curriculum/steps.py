@@ -30,14 +30,16 @@ from cropi.pipeline.curriculum.config import MAX_STAGES, CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumPaths
 from cropi.pipeline.rank import pool_labels
 from cropi.scoring.diagnostics import concentration, field_skew, selection_mix
-
-SIGNAL = ("selection_alignment", "random_alignment", "selection_pass_rate", "pool_pass_rate")
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.score import ensure_trajectories, score_checkpoint
 from cropi.selection import SelectionInputs, get_selector, pass_rate_score, pass_rates, select
 from cropi.store import TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.fsio import atomic_write_bytes, resolve, write_json_atomic
+
+
+# What a ranking selector's record says of its selection, carried into the stage record.
+SIGNAL = ("selection_alignment", "random_alignment", "selection_pass_rate", "pool_pass_rate")
 
 
 @dataclass
