@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import cropi
-from cropi.errors import CropiError
+from cropi.errors import CropiError, format_validation_error
 
 from ..base.settings import ServiceSettings
 from ..domain.library import CropiLibrary, Library
@@ -37,14 +37,11 @@ def error_response(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
-def _describe(errors: list) -> str:
-    """Pydantic errors as one line a person can act on."""
-    parts = []
-    for e in errors[:10]:
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "request"
-        parts.append(f"{loc}: {e.get('msg', 'invalid')}")
-    more = f" (and {len(errors) - 10} more)" if len(errors) > 10 else ""
-    return "; ".join(parts) + more + ". See /docs for the request schema"
+def _describe(errors) -> str:
+    """Pydantic errors (anything with ``errors()``) as one line a person can act on, the body's place dropped."""
+    line = format_validation_error(errors, "request", limit=10,
+                                   where=lambda loc: ".".join(str(x) for x in loc if x != "body"))
+    return line + ". See /docs for the request schema"
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -61,12 +58,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(422, "validation_error", _describe(list(exc.errors())))
+        return error_response(422, "validation_error", _describe(exc))
 
     @app.exception_handler(pydantic.ValidationError)
     async def model_invalid(request: Request, exc: pydantic.ValidationError) -> JSONResponse:
         # raised when the library validates the fields we pass on (projection, options)
-        return error_response(422, "validation_error", f"{exc.title}: " + _describe(exc.errors()))
+        return error_response(422, "validation_error", f"{exc.title}: " + _describe(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -27,6 +27,8 @@ from typing import Annotated, Any, Literal, Mapping, Optional, Union, get_args, 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from cropi.errors import format_validation_error
+
 CLOSED_TYPES = (bool, int, float, type(None))
 
 
@@ -96,8 +98,7 @@ def _through(library: type[BaseModel]):
         try:
             library.model_validate({k: v for k, v in set_fields(self).items() if k in library.model_fields})
         except ValidationError as e:  # the library's message, as one line under this model's place
-            raise ValueError("; ".join(f"{'.'.join(map(str, err['loc'])) or library.__name__}: {err['msg']}"
-                                       for err in e.errors())) from None
+            raise ValueError(format_validation_error(e, library.__name__)) from None
         return self
 
     return model_validator(mode="after")(check)
