@@ -74,7 +74,6 @@ class Selector:
     summary: str
     needs: tuple[str, ...] = ()
     options: type[BaseModel] = NoOptions
-    draws_fraction: bool = True  # False: its size is its own (full, oracle)
 
     def parse_options(self, options: Mapping | BaseModel | None) -> BaseModel:
         if isinstance(options, self.options):

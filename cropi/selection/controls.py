@@ -60,7 +60,7 @@ def pass_rates(rewards: Iterable[tuple[str, Sequence[float | None]]]) -> dict[st
     return out
 
 
-FULL = register(Selector("full", _full, "the whole pool at every stage", draws_fraction=False))
+FULL = register(Selector("full", _full, "the whole pool at every stage"))
 RANDOM = register(Selector("random", _random, "a uniform random fraction of the pool, afresh every stage"))
 PASS_RATE = register(Selector(
     "pass_rate", _pass_rate, "the fraction with the highest p(1-p) of theta_0's offline pass rate (never p(1-p)=0)",
@@ -71,4 +71,4 @@ INFORMATIVE = register(Selector(
     needs=("pass_rates",)))
 ORACLE = register(Selector(
     "oracle", _oracle, "every pool prompt whose data_source a validation set draws from (not a fraction): "
-    "the upper bound when the pool labels its sources", needs=("records", "validation"), draws_fraction=False))
+    "the upper bound when the pool labels its sources", needs=("records", "validation")))
