@@ -219,10 +219,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(root: Path, port: int, token_file: Path, log: Path) -> subprocess.Popen:
+def start_server(root: Path, port: int, token_file: Path, log: Path,
+                 env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`cropi serve` on ``root`` (``env`` added to this process's: the server's settings), once /healthz answers."""
     cmd = [sys.executable, "-m", "cropi_service", "serve", "--root", str(root), "--port", str(port),
            "--token-file", str(token_file), "--workers", "0"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
     import httpx
 
     deadline = time.monotonic() + 60

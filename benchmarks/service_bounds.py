@@ -46,7 +46,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -59,24 +58,6 @@ from cropi_service.base.settings import ServiceSettings  # noqa: E402
 from cropi_service.domain.views import record_bytes_bound  # noqa: E402
 
 ARROW = "application/vnd.apache.arrow.stream"
-
-
-def start_server(root: Path, port: int, token_file: Path, log: Path, env: dict[str, str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "cropi_service", "serve", "--root", str(root), "--port", str(port),
-           "--token-file", str(token_file), "--workers", "0"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                            env={**os.environ, **env})
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"the server did not come up; see {log}")
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -263,7 +244,7 @@ def stalled_phase(a: argparse.Namespace, cache: Path, built: dict, spec: Project
     token_file = a.out / "tokens"
     token_file.write_text("\n".join(tokens.values()) + "\n")
     port = bench.free_port()
-    server = start_server(root, port, token_file, a.out / "server-stalled.log", env)
+    server = bench.start_server(root, port, token_file, a.out / "server-stalled.log", env)
     rss = bench.RssSampler(server.pid)
     base = f"http://127.0.0.1:{port}"
     out: dict = {"batch_ids": batch, "batch_arrow_mb": round(batch * a.dim * 2 / 2**20, 1),
@@ -323,7 +304,7 @@ def cycle_run(a: argparse.Namespace, cache: Path, spec: ProjectionSpec, names: l
     token = secrets.token_hex(16)
     (a.out / f"token-{label}").write_text(token)
     port = bench.free_port()
-    server = start_server(root, port, a.out / f"token-{label}", a.out / f"server-cycle-{label}.log", env)
+    server = bench.start_server(root, port, a.out / f"token-{label}", a.out / f"server-cycle-{label}.log", env)
     rss = bench.RssSampler(server.pid)
     base = f"http://127.0.0.1:{port}"
     out: dict = {"settings": {"ranking_cache_mb": settings.ranking_cache_mb,
