@@ -10,14 +10,19 @@ one torch thread:
 - ``sjlt``: the demo's spec (``ProjectionSpec(dim=2048, kept_fraction=0.1)``; cropi/demo/runner.py),
   ``GradientComputer`` one prompt at a time, as the curriculum scores today;
 - ``tensorsketch``: ``--sketch-dim`` (4096), the batched computer (``make_computer``), as
-  ``compute_gradients`` runs it: ``prompts_per_call`` prompts a call, rows re-packed under the budget;
+  ``compute_gradients`` runs it: ``prompts_per_call`` prompts a call, each prompt's responses packed
+  into one row where ``cropi.gradients.packing.should_pack`` says so (here: every prompt);
+- ``tensorsketch_rows``: the same computer with packing off, every response its own row (what
+  packing saves);
 - ``factored``: 16 x 16 (the earlier batched kind), for reference;
 - ``plain``: forward and backward of the POPI micro-batches with every weight gradient formed, no
   projection: the floor of any per-prompt method.
 
-Only informative prompts (mixed rewards) are timed: a zero-advantage prompt costs every side one
-forward. ``stage_estimate_s`` = seconds a prompt x (pool + validation prompts of the demo's stage:
-1,200 and 2 x 100), the gradient part of a stage's ``score_s``; ranking is the same for every side.
+Informative prompts (mixed rewards) get a forward and a backward; zero-advantage prompts a forward
+only (their ESS), timed apart (``plain`` runs the forward of ``sjlt``'s rows for them).
+``stage_estimate_s`` = seconds a prompt x (pool + validation prompts of the demo's stage: 1,200 and
+2 x 100) in the measured informative shares, the gradient part of a stage's ``score_s``; ranking is
+the same for every side.
 
     python benchmarks/batched_scoring.py [--pool 96] [--val 24] --out benchmarks/results
 """
@@ -65,32 +70,32 @@ def run(pool_n: int, val_n: int, sketch_dim: int, out: Path) -> dict:
              "tensorsketch": ProjectionSpec(kind="tensorsketch", dim=sketch_dim),
              "factored": ProjectionSpec(kind="factored", factor_in=16, factor_out=16)}
     sides = {name: side(model_path, spec) for name, spec in specs.items()}
+    sides["tensorsketch_rows"] = side(model_path, specs["tensorsketch"])
+    sides["tensorsketch_rows"][0].pack = False
     plain_model = load_model(model_path)
     budget, pad_id = LossOptions().token_budget, sides["sjlt"][0].pad_id
     informative = {"pool": [t for t in pool if len(set(t.rewards)) > 1],
                    "validation": [t for t in val if len(set(t.rewards)) > 1]}
+    flat = {"pool": [t for t in pool if len(set(t.rewards)) <= 1],
+            "validation": [t for t in val if len(set(t.rewards)) <= 1]}
     for comp, _ in sides.values():
         comp.compute_many(informative["pool"][:2])  # warm-up: plans, hashes
     fns = {"plain": lambda chunk: [plain_fwd_bwd(plain_model, t, budget, pad_id) for t in chunk],
            "sjlt": lambda chunk: [sides["sjlt"][0].compute(t) for t in chunk],
            "tensorsketch": lambda chunk: sides["tensorsketch"][0].compute_many(chunk),
-           "factored": lambda chunk: sides["factored"][0].compute_many(chunk)}
-    per_prompt = {}
-    for split, trajs in informative.items():
-        seconds = {name: 0.0 for name in fns}
-        for r, start in enumerate(range(0, len(trajs), CHUNK)):
-            chunk = trajs[start:start + CHUNK]
-            names = list(fns)
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                s = time.perf_counter()
-                fns[name](chunk)
-                seconds[name] += time.perf_counter() - s
-        per_prompt[split] = {name: s / max(1, len(trajs)) for name, s in seconds.items()}
+           "factored": lambda chunk: sides["factored"][0].compute_many(chunk),
+           "tensorsketch_rows": lambda chunk: sides["tensorsketch_rows"][0].compute_many(chunk)}
+    forward = dict(fns, plain=fns["sjlt"])  # a zero-advantage prompt: a forward on every side
+    per_prompt = {split: timed(fns, trajs) for split, trajs in informative.items()}
+    per_flat = {split: timed(forward, trajs) for split, trajs in flat.items()}
     share = {split: len(informative[split]) / len(trajs) for split, trajs in (("pool", pool), ("validation", val))}
-    estimate = {name: sum(STAGE[split] * share[split] * per_prompt[split][name] for split in STAGE) for name in fns}
+    estimate = {name: sum(STAGE[split] * (share[split] * per_prompt[split][name]
+                                          + (1 - share[split]) * per_flat[split][name]) for split in STAGE)
+                for name in fns}
     # ratios of the stage estimates (pool and validation prompts in the stage's proportions)
-    ratios = {f"{name}_over_plain": estimate[name] / estimate["plain"] for name in ("sjlt", "tensorsketch", "factored")}
+    ratios = {f"{name}_over_plain": estimate[name] / estimate["plain"] for name in fns if name != "plain"}
     ratios["sjlt_over_tensorsketch"] = estimate["sjlt"] / estimate["tensorsketch"]
+    ratios["tensorsketch_rows_over_tensorsketch"] = estimate["tensorsketch_rows"] / estimate["tensorsketch"]
     report = {"task": TASK, "model": model_path.split("/")[-1],
               "model_parameters": sum(p.numel() for p in plain_model.parameters()),
               "prompts": {"pool": len(pool), "validation": len(val)},
@@ -98,13 +103,26 @@ def run(pool_n: int, val_n: int, sketch_dim: int, out: Path) -> dict:
               "informative_share": share, "samples": {"pool": 8, "validation": 16}, "max_new_tokens": 5,
               "specs": {name: {"spec": p.spec.model_dump(), "spec_id": p.spec.spec_id, "out_dim": p.out_dim}
                         for name, (_, p) in sides.items()},
-              "seconds_per_informative_prompt": per_prompt,
+              "seconds_per_informative_prompt": per_prompt, "seconds_per_zero_advantage_prompt": per_flat,
               "stage": STAGE, "stage_estimate_s": estimate, "ratios": ratios,
               "goal": {"tensorsketch_over_plain_at_most": 0.5,
                        "met": ratios["tensorsketch_over_plain"] <= 0.5},
               "collect_s": collect_s, "environment": environment()}
     write_json(out, "batched_scoring.json", report)
     return report
+
+
+def timed(fns: dict, trajs: list) -> dict[str, float]:
+    """Seconds a prompt of each side over ``trajs``, chunk by chunk, the sides' order rotating."""
+    seconds = {name: 0.0 for name in fns}
+    for r, start in enumerate(range(0, len(trajs), CHUNK)):
+        chunk = trajs[start:start + CHUNK]
+        names = list(fns)
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            s = time.perf_counter()
+            fns[name](chunk)
+            seconds[name] += time.perf_counter() - s
+    return {name: s / max(1, len(trajs)) for name, s in seconds.items()}
 
 
 def main(argv=None) -> None:

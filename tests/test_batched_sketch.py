@@ -24,7 +24,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from support.gradients import brute_force_grad, make_traj, tiny_model
+from support.gradients import LAYOUTS, PACKED_TOL, brute_force_grad, make_traj, tiny_model, use_layout
 
 from cropi.gradients import LossOptions, make_computer
 from cropi.gradients.factored import FactoredComputer
@@ -174,10 +174,12 @@ def pair_hash_sketch(spec, shapes, grads, dim):
     return out
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("route", ["direct", "fft"])
-def test_tensorsketch_hook_path_equals_the_pair_hash_sketch_of_brute_force_gradients(route, monkeypatch):
+def test_tensorsketch_hook_path_equals_the_pair_hash_sketch_of_brute_force_gradients(route, layout, monkeypatch):
     """Both exact routes of the hook path (the row's gradient formed and scattered, or the FFT of the two
-    sides' count sketches), with the prompts' rows summed per prompt inside the pass."""
+    sides' count sketches), with the prompts' rows summed per prompt inside the pass, in both layouts."""
+    use_layout(monkeypatch, layout)
     monkeypatch.setattr(TensorSketchProjector, "direct_is_cheaper", lambda self, name, tokens: route == "direct")
     trajs = two_prompts()
     model = double_model()
@@ -188,7 +190,8 @@ def test_tensorsketch_hook_path_equals_the_pair_hash_sketch_of_brute_force_gradi
     for row, t in enumerate(trajs):
         grads = dict(brute_force_grad(double_model(), t))
         want = pair_hash_sketch(spec, shapes_of(model), grads, 64)
-        np.testing.assert_allclose(got[row].numpy(), want, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(got[row].numpy(), want,
+                                   **(PACKED_TOL if layout == "packed" else dict(rtol=1e-9, atol=1e-12)))
         formed = proj.project((n, grads[n][None]) for n in proj.param_names)[0]  # the formed-gradient path
         np.testing.assert_allclose(formed.numpy(), want, rtol=1e-5, atol=1e-7)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
-from support.gradients import brute_force_grad, make_traj, tiny_model
+from support.gradients import LAYOUTS, PACKED_TOL, brute_force_grad, make_traj, tiny_model, use_layout
 
 from cropi.errors import InvalidInputError
 from cropi.gradients import LossOptions, make_computer
@@ -119,19 +119,23 @@ def factored_vectors(model, spec, trajs, **opts):
 
 
 # budget 12: every row alone or in pairs, prompts split across micro-batches; 10_000: all rows in one
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("clip,budget", [(None, 12), (0.2, 10_000), (None, 10_000)])
-def test_batched_vectors_equal_projected_brute_force_gradients(clip, budget):
+def test_batched_vectors_equal_projected_brute_force_gradients(clip, budget, layout, monkeypatch):
     """Prompts with K = 5, 3, 2, 6 responses of lengths 1-8 and prompts of 3-7 tokens in one call: POPI's
     1/K and 1/|y_k| (brute_force_grad: term.mean() per response, / len(responses)) and the padding pinned.
     Every layer, the tied embedding / output matrix included (its block: lookup plus output-layer terms)."""
+    use_layout(monkeypatch, layout)
     trajs = prompts()
     want = torch.stack([brute_factored(double_model(), t, SPEC, clip) for t in trajs])
     got, _ = factored_vectors(double_model(), SPEC, trajs, clip_eps=clip, token_budget=budget)
     assert got.dtype == torch.float64 and got.shape == want.shape
-    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(got, want, **(PACKED_TOL if layout == "packed" else dict(rtol=1e-9, atol=1e-12)))
 
 
-def test_a_prompt_gets_the_same_vector_in_a_batch_as_alone():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_prompt_gets_the_same_vector_in_a_batch_as_alone(layout, monkeypatch):
+    use_layout(monkeypatch, layout)
     trajs = prompts(3)
     model = double_model(2)
     together, comp = factored_vectors(model, SPEC, trajs)
@@ -145,7 +149,9 @@ def test_a_prompt_gets_the_same_vector_in_a_batch_as_alone():
         assert rec.raw_norm == pytest.approx(float(v.norm()))
 
 
-def test_statuses_and_ess_match_the_per_prompt_path():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_statuses_and_ess_match_the_per_prompt_path(layout, monkeypatch):
+    use_layout(monkeypatch, layout)
     rng = np.random.default_rng(7)
     live, flat = make_traj(rng, [1, 0, 1]), make_traj(rng, [1, 1, 1])
     flat.prompt_id = "flat"

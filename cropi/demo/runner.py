@@ -35,7 +35,6 @@ from cropi.demo.settings import ONLINE_METHODS, VARIANTS, DemoSettings, selectio
 from cropi.demo.work import init_worker, run_collect, run_gradients, run_method
 from cropi.pipeline.curriculum import (CollectOptions, CurriculumConfig, CurriculumPaths, collect_jobs,
                                        gradient_jobs, scoring_splits)
-from cropi.projection import ProjectionSpec
 from cropi.tasks.base import Task
 from cropi.utils.fsio import resolve, write_json_atomic
 
@@ -130,7 +129,6 @@ def curriculum_config(settings: DemoSettings, task: Task, method: str, seed: int
         collect=CollectOptions(pool_samples=settings.pool_samples, validation_samples=settings.validation_samples,
                                temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
                                seed=0, backend="hf", batch_prompts=64, backend_options={"max_batch_rows": 512}),
-        projection=ProjectionSpec(dim=settings.projection_dim, kept_fraction=settings.kept_fraction),
         gradient_dtype="float32", device="cpu")
 
 

@@ -54,8 +54,10 @@ class DemoSettings(BaseModel):
     temperature: float = Field(0.5, gt=0, description="sampling temperature of the offline trajectories (CROPI)")
     max_new_tokens: Optional[int] = Field(None, gt=0, description="longest response: collection, training, "
                                           "evaluation (default: the task's)")
-    projection_dim: int = Field(2048, ge=16)
-    kept_fraction: float = Field(0.1, gt=0, le=1)
+    # scoring projects with the curriculum's default (cropi.projection.fidelity.SCORING_SPEC); these two
+    # size the sjlt projection of the online filters (per response, where packing cannot serve)
+    projection_dim: int = Field(2048, ge=16, description="online filters: the sjlt projection's dim")
+    kept_fraction: float = Field(0.1, gt=0, le=1, description="online filters: the sjlt projection's kept fraction")
     lr: float = Field(3e-4, gt=0)
     batch_prompts: int = Field(16, ge=1, description="prompts a GRPO step (16: the steadiest full-pool curves of "
                                                      "benchmarks/results/demo/task_probe.json)")

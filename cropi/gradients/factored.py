@@ -1,13 +1,15 @@
-"""Many prompts' POPI gradients from one backward: the batched path of the ``factored`` kind.
+"""Many prompts' POPI gradients from one backward: the batched path of the ``factored`` and
+``tensorsketch`` kinds.
 
-Every response of every prompt handed to ``compute_many`` is one row; rows are packed
-(longest first) into left-padded micro-batches of at most ``token_budget`` padded tokens,
-whatever prompt they belong to. A micro-batch's loss is
+A prompt whose responses are short next to it (``cropi.gradients.packing.should_pack``) is one
+packed row, its prompt computed once for all its responses. Otherwise every response is its own
+row. Rows are grouped (longest first) into left-padded micro-batches of at most ``token_budget``
+padded tokens, whatever prompt they belong to. A micro-batch's loss is
 
     L = sum_rows -(1/K_s) (1/|y_k|) sum_t rho_{k,t} A_k        (row k of prompt s; POPI's terms)
 
-so the gradient of L at a row's tokens is that of its own prompt's POPI loss: rows share
-no tokens, padding is masked out of the attention and of the hooks, and each row carries
+so the gradient of L at a row's tokens is that of its own prompt's POPI loss (a packed row's
+prompt tokens get the sum over its responses, as the prompt's loss does): rows share no tokens, padding is masked out of the attention and of the hooks, and each row carries
 its prompt's 1/K and its own 1/|y_k|. The hooks (``cropi.gradients.hooks``) give each row's
 factored block; a prompt's vector is the sum of its rows' blocks, over whichever
 micro-batches they fell in. No weight gradient is formed (the model's weights are frozen
@@ -32,6 +34,7 @@ from cropi.gradients.batching import build_rows, plan_micro_batches
 from cropi.gradients.groups import (Trajectories, context_limit, diagnostics, fit_to_context, pad_id_of,
                                     rewards_and_base, token_logprobs)
 from cropi.gradients.options import LossOptions
+from cropi.gradients.packing import ModelShape, build_packed, packed_logprobs, should_pack
 from cropi.gradients.hooks import FactoredHooks
 from cropi.gradients.popi import group_advantages, popi_response_terms, sequence_log_weights
 from cropi.store.types import GradientRecord
@@ -66,14 +69,17 @@ class FactoredComputer:
         self.model, self.projector = model, projector
         self.options = options or LossOptions()
         if self.options.advantage != "behavior":
-            raise InvalidInputError(f"the factored projection computes CROPI's estimator only (advantage='behavior'), "
-                                    f"not advantage={self.options.advantage!r}: use another projection kind for it")
+            raise InvalidInputError(f"the batched projections ({projector.spec.kind}) compute CROPI's estimator only "
+                                    f"(advantage='behavior'), not advantage={self.options.advantage!r}: project with "
+                                    "kind 'sjlt' for it (e.g. projection={'kind': 'sjlt', 'dim': 32768})")
         self.hooks = FactoredHooks(model, projector)
         for p in model.parameters():
             p.requires_grad_(False)  # activation gradients only: the hooks' anchor starts the graph
         self.device = next(model.parameters()).device
         self.pad_id = pad_id_of(model)
         self.max_length = context_limit(model, self.options)
+        self.shape = ModelShape.of(model)
+        self.pack = True  # False: every response its own row whatever should_pack says (benchmarks compare layouts)
 
     def compute(self, traj: Trajectories) -> GradientRecord:
         return self.compute_many([traj])[0]
@@ -89,35 +95,55 @@ class FactoredComputer:
         out = torch.zeros(len(prompts), self.projector.out_dim, dtype=dtype, device=self.device)
         for p in prompts:
             p.log_w = torch.zeros(len(p.responses), dtype=torch.float64)
+        budget = self.options.token_budget
         for live in (True, False):
-            rows = [(i, k) for i, p in enumerate(prompts) if p.truncated != "prompt" and p.live == live
-                    for k in range(len(p.responses))]
+            members = [i for i, p in enumerate(prompts) if p.truncated != "prompt" and p.live == live]
+            packed = [i for i in members if self.pack and should_pack(len(prompts[i].prompt), [len(r) for r in prompts[i].responses],
+                                                         self.shape, budget)]
+            alone = [i for i in members if i not in set(packed)]
+            rows = [(i, k) for i in alone for k in range(len(prompts[i].responses))]
             lengths = [len(prompts[i].prompt) + len(prompts[i].responses[k]) for i, k in rows]
-            for group in plan_micro_batches(lengths, self.options.token_budget):
+            for group in plan_micro_batches(lengths, budget):
                 self._micro_batch(prompts, [rows[j] for j in group], out if live else None)
+            widths = [len(prompts[i].prompt) + sum(map(len, prompts[i].responses)) for i in packed]
+            for group in plan_micro_batches(widths, budget):
+                self._packed_batch(prompts, [packed[j] for j in group], out if live else None)
         return out
 
     def _micro_batch(self, prompts, rows: list[tuple[int, int]], out: torch.Tensor | None) -> None:
+        """Rows ``(prompt, response)`` each its own left-padded row; a prompt's rows summed by the hooks."""
         mb = build_rows([(prompts[i].prompt, prompts[i].responses[k], prompts[i].behavior[k]) for i, k in rows],
                         list(range(len(rows))), self.pad_id)
-        beh, mask = mb.behavior_logp.to(self.device), mb.response_mask.to(self.device)
+        # one group per prompt in this micro-batch: cap.rows holds each prompt's sum (a kind may sum before projecting)
+        local = {i: j for j, i in enumerate(dict.fromkeys(i for i, _ in rows))}
+        groups = torch.tensor([local[i] for i, _ in rows], device=self.device)
+        self._pass(prompts, rows, mb, mb.attention_mask, groups, list(local), out,
+                   lambda: token_logprobs(self.model, mb, self.device))
+
+    def _packed_batch(self, prompts, members: list[int], out: torch.Tensor | None) -> None:
+        """Prompts ``members`` one packed row each (cropi.gradients.packing): the prompt computed once."""
+        pb = build_packed([(prompts[i].prompt, prompts[i].responses, prompts[i].behavior) for i in members],
+                          self.pad_id)
+        rows = [(i, k) for i in members for k in range(len(prompts[i].responses))]
+        self._pass(prompts, rows, pb, pb.token_mask, None, members, out,
+                   lambda: packed_logprobs(self.model, pb, self.device))
+
+    def _pass(self, prompts, rows, batch, token_mask, groups, owners: list[int], out, logprobs) -> None:
+        """One forward (and, for live prompts, one hooked backward) of a batch whose responses are ``rows``
+        (prompt, response) in the batch's response order; ``cap.rows[j]`` is prompt ``owners[j]``'s sum."""
+        beh, mask = batch.behavior_logp.to(self.device), batch.response_mask.to(self.device)
         if out is None:
             with torch.no_grad():
-                self._keep_log_w(prompts, rows, token_logprobs(self.model, mb, self.device), beh, mask)
+                self._keep_log_w(prompts, rows, logprobs(), beh, mask)
             return
-        # one group per prompt in this micro-batch: cap.rows holds each prompt's sum (a kind may sum before projecting)
-        prompt_of = [i for i, _ in rows]
-        local = {i: j for j, i in enumerate(dict.fromkeys(prompt_of))}
-        groups = torch.tensor([local[i] for i in prompt_of], device=self.device)
-        with self.hooks.capture(mb.attention_mask, groups) as cap:
-            logp = token_logprobs(self.model, mb, self.device)
+        with self.hooks.capture(token_mask.to(self.device), groups) as cap:
+            logp = logprobs()
             self._keep_log_w(prompts, rows, logp.detach(), beh, mask)
             adv = torch.stack([prompts[i].adv[k] for i, k in rows]).to(self.device)
             terms = popi_response_terms(logp, beh, mask, adv, self.options.clip_eps)
             k = torch.tensor([len(prompts[i].responses) for i, _ in rows], dtype=terms.dtype, device=self.device)
             cap.backward(-(terms / k).sum())
-        owner = torch.tensor(list(local), device=self.device)
-        out.index_add_(0, owner, cap.rows.to(out.dtype))
+        out.index_add_(0, torch.tensor(owners, device=self.device), cap.rows.to(out.dtype))
 
     @staticmethod
     def _keep_log_w(prompts, rows, logp, beh, mask) -> None:

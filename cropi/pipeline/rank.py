@@ -17,7 +17,8 @@ import pyarrow as pa
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS, NAME_PATTERN, POOL, SELECTED, Fusion
-from cropi.errors import InvalidInputError, NotFoundError
+from cropi.errors import CropiError, InvalidInputError, NotFoundError
+from cropi.projection.spec import ProjectionSpec
 from cropi.scoring import Ranking, rank_pool
 from cropi.scoring.diagnostics import alignment, selection_mix
 from cropi.selection import DEFAULT_SELECTOR, RANKING_SELECTORS, SELECTORS, SelectionInputs, get_selector, select
@@ -166,7 +167,8 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
         raise InvalidInputError("name at least one validation split")
     spec_id = find_spec_id(store, name, spec_id, pool)
     gs = GradientStore(store)
-    pool_t = gs.open_split(name, spec_id, pool).read()
+    pool_split = gs.open_split(name, spec_id, pool)
+    pool_t = pool_split.read()
     if replace is not None:
         pool_t = pool_t.replace_rows(gs.open_split(name, spec_id, replace).read())
     val = {}
@@ -187,7 +189,8 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
     table = ranking.to_table()
     table = table.append_column(SELECTED, pa.array([p in selected for p in table["prompt_id"].to_pylist()]))
 
-    meta = ranking.meta | {"checkpoint": name, "spec_id": spec_id, "pool": pool, "validation": validation,
+    meta = ranking.meta | {"checkpoint": name, "spec_id": spec_id, **projection_record(pool_split.spec),
+                           "pool": pool, "validation": validation,
                            "top_fraction": top_fraction, "excluded": ranking.excluded,
                            "checkpoint_fingerprint": pool_t.checkpoint.fingerprint, "created": time.time(),
                            **(picked.record() if picked else {})}
@@ -201,6 +204,18 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
     ess = {c: dict(zip(pool_t.prompt_ids, pool_t.columns[c].tolist()))
            for c in GRADIENT_OPTIONAL_COLUMNS if c in pool_t.columns} or None
     return RankingResult(ranking, table, meta, ess)
+
+
+def projection_record(spec: dict) -> dict:
+    """What a ranking records of its vectors' projection: the spec, and where its fidelity was measured
+    (None: never at this size; ``cropi rank`` prints the notice)."""
+    from cropi.projection.fidelity import measured
+
+    try:
+        fidelity = measured(ProjectionSpec.from_record(spec))
+    except (CropiError, ValueError, TypeError):  # an older or foreign record: the spec is still kept
+        fidelity = None
+    return {"projection": {k: v for k, v in spec.items() if k != "spec_id"}, "fidelity": fidelity}
 
 
 def _save(store, name, spec_id, pool, table: pa.Table, meta: dict) -> None:

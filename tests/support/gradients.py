@@ -72,3 +72,24 @@ def computer_for(model, spec, **opts):
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     projector = make_projector(spec, shapes)
     return GradientComputer(model, projector, LossOptions(**opts)), projector
+
+
+# The batched path's two layouts (cropi.gradients.packing): every response its own row, or a prompt's
+# responses packed into one row. Tests of the batched path run both, forced by ``use_layout``.
+LAYOUTS = ("rows", "packed")
+
+# Tolerance of the packed layout against the one-sequence-at-a-time brute force on float64 models:
+# transformers' Qwen2RMSNorm computes in float32 whatever the model's dtype, so every gradient through a
+# norm is rounded to float32 (relative 2**-24, 6e-8). A packed row sums its responses' gradients at the
+# prompt's tokens before that rounding, the brute force after it, so the two differ by a few float32
+# roundings per layer (measured: at most 1.1e-7 on vectors of norm ~3). A dropped token, a wrong position
+# or a response that sees another moves these vectors by 1e-3 or more.
+PACKED_TOL = dict(rtol=1e-6, atol=1e-6)
+
+
+def use_layout(monkeypatch, layout: str) -> None:
+    """Force the batched computer's choice of layout (its own rule, ``should_pack``, decides otherwise)."""
+    import cropi.gradients.factored as batched
+
+    assert layout in LAYOUTS
+    monkeypatch.setattr(batched, "should_pack", lambda *args, **kwargs: layout == "packed")

@@ -1,0 +1,145 @@
+"""Shared-prompt packing: a prompt's K responses in one row, the prompt computed once.
+
+Unpacked, each response is its own row ``[prompt, y_k]`` and the prompt's forward and backward
+run K times. Packed, one row ``[prompt, y_1, ..., y_K]`` with
+
+- a block attention mask: a prompt token sees the prompt's earlier tokens; a token of ``y_k``
+  sees the whole prompt and the earlier tokens of ``y_k``, never another response;
+- positions restarting at ``P`` (the prompt's length) for every response;
+- the first token of every response predicted from the prompt's last position.
+
+So every response token sees the same keys at the same positions as in its own row: the K
+responses' log-probs are the unpacked ones (up to rounding). The prompt's hidden states are
+shared, so the gradient reaching them is the sum of the K responses' gradients: exactly what a
+prompt's POPI vector (a sum over its responses) needs, and all it can give. A per-response vector
+(the online filters) cannot be separated out of a packed row.
+
+When packing pays (``should_pack``): a row of ``T`` tokens through a decoder of ``N`` weights,
+``L`` layers of width ``d`` costs about ``2 N T`` multiply-adds in its linear layers plus
+``4 L d T^2`` in attention (scores and values, every pair under a dense mask). A prompt is
+packed when that sum is lower for its packed row than for its K rows, and when the packed row's
+attention weights (``heads x T^2`` a layer) are no larger than the hidden states a micro-batch is
+budgeted for (``token_budget x d``), so packing never trades a token budget for a T^2 blow-up. Short
+responses to long prompts gain the most (the ``lists`` demo: prompts of ~40 tokens, 5-token
+responses, K = 8: about 4x fewer tokens); long responses gain nothing and stay unpacked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the cost rule needs of a decoder."""
+
+    n_weights: int
+    layers: int
+    width: int
+    heads: int
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> "ModelShape":
+        cfg = model.config
+        return cls(n_weights=sum(p.numel() for p in model.parameters()), layers=int(cfg.num_hidden_layers),
+                   width=int(cfg.hidden_size), heads=int(cfg.num_attention_heads))
+
+    def row_cost(self, tokens: int) -> float:
+        return 2.0 * self.n_weights * tokens + 4.0 * self.layers * self.width * tokens * tokens
+
+
+def should_pack(prompt_len: int, response_lens: Sequence[int], shape: ModelShape, token_budget: int) -> bool:
+    """Whether one packed row costs less than the responses' own rows (module docstring)."""
+    if len(response_lens) < 2:
+        return False
+    packed = prompt_len + sum(response_lens)
+    if shape.heads * packed * packed > token_budget * shape.width:
+        return False
+    return shape.row_cost(packed) < sum(shape.row_cost(prompt_len + n) for n in response_lens)
+
+
+@dataclass
+class PackedBatch:
+    """Packed rows, left padded to one width, and where each response's log-probs are read.
+
+    Responses are numbered in the order given (row by row); response ``r`` of row ``source[r]`` has
+    its targets right-aligned in ``targets[r]`` (as ``cropi.gradients.batching.MicroBatch``), and
+    ``index[r, j]`` is the position, in the last ``keep`` positions of its row, of the logits that
+    predict ``targets[r, j]``."""
+
+    input_ids: torch.Tensor        # (B, T)
+    token_mask: torch.Tensor       # (B, T) 1 on real tokens
+    position_ids: torch.Tensor     # (B, T)
+    segments: torch.Tensor         # (B, T) -1 padding, 0 prompt, k + 1 response k
+    keep: int
+    source: torch.Tensor           # (n,)
+    index: torch.Tensor            # (n, L)
+    targets: torch.Tensor          # (n, L)
+    response_mask: torch.Tensor    # (n, L)
+    behavior_logp: torch.Tensor    # (n, L)
+
+    def attention(self, dtype: torch.dtype, device) -> torch.Tensor:
+        """The additive (B, 1, T, T) mask: 0 where a query may look, the dtype's minimum elsewhere. A
+        padding position sees itself only, so no row of the softmax is empty (NaN in float64 eager)."""
+        seg = self.segments.to(device)
+        q, k = seg[:, :, None], seg[:, None, :]
+        t = seg.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        seen = causal & (((k == 0) & (q >= 0)) | ((k == q) & (q > 0)))
+        seen |= torch.eye(t, dtype=torch.bool, device=device) & (q < 0)
+        mask = torch.zeros(seen.shape, dtype=dtype, device=device)
+        return mask.masked_fill_(~seen, torch.finfo(dtype).min)[:, None]
+
+
+def build_packed(groups: Sequence[tuple[list[int], list[list[int]], list[list[float]]]], pad_id: int) -> PackedBatch:
+    """``(prompt, responses, behavior log-probs)`` per row: one packed row each."""
+    widths = [len(p) + sum(len(r) for r in rs) for p, rs, _ in groups]
+    total, keep = max(widths), max(w - len(p) for w, (p, _, _) in zip(widths, groups)) + 1
+    n = sum(len(rs) for _, rs, _ in groups)
+    longest = max(len(r) for _, rs, _ in groups for r in rs)
+    b = len(groups)
+    ids = torch.full((b, total), pad_id, dtype=torch.long)
+    segments = torch.full((b, total), -1, dtype=torch.long)
+    positions = torch.zeros((b, total), dtype=torch.long)
+    source = torch.zeros(n, dtype=torch.long)
+    index = torch.zeros((n, longest), dtype=torch.long)
+    targets = torch.full((n, longest), pad_id, dtype=torch.long)
+    resp_mask = torch.zeros((n, longest), dtype=torch.float32)
+    beh = torch.zeros((n, longest), dtype=torch.float32)
+    r = 0
+    for row, ((prompt, responses, behavior), width) in enumerate(zip(groups, widths)):
+        start, plen = total - width, len(prompt)
+        ids[row, start:start + plen] = torch.tensor(prompt)
+        segments[row, start:start + plen] = 0
+        positions[row, start:start + plen] = torch.arange(plen)
+        at, window = start + plen, total - keep  # window: where the kept logits begin
+        for k, (response, logp) in enumerate(zip(responses, behavior)):
+            m = len(response)
+            source[r] = row
+            if m:
+                ids[row, at:at + m] = torch.tensor(response)
+                segments[row, at:at + m] = k + 1
+                positions[row, at:at + m] = torch.arange(plen, plen + m)
+                # token j of y_k is predicted at the position before it; token 0 at the prompt's last one
+                predicted_at = torch.cat([torch.tensor([start + plen - 1]), torch.arange(at, at + m - 1)])
+                index[r, longest - m:] = predicted_at - window
+                targets[r, longest - m:] = torch.tensor(response)
+                resp_mask[r, longest - m:] = 1.0
+                beh[r, longest - m:] = torch.tensor(logp, dtype=torch.float32)
+            at += m
+            r += 1
+    return PackedBatch(ids, (segments >= 0).long(), positions, segments, keep, source, index, targets, resp_mask, beh)
+
+
+def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, device) -> torch.Tensor:
+    """log pi of every response token (n, L), aligned with ``batch.targets``; logits only where read."""
+    dtype = next(model.parameters()).dtype
+    out = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention(dtype, device),
+                position_ids=batch.position_ids.to(device), logits_to_keep=batch.keep, use_cache=False)
+    logits = out.logits
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    source = batch.source.to(device)[:, None].expand_as(batch.index)
+    return logp[source, batch.index.to(device), batch.targets.to(device)]
