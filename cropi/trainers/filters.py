@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Literal, Optional, Sequence
 
@@ -88,6 +88,13 @@ class OnlineFilterOptions(BaseModel):
     early_stop_fraction: Optional[float] = Field(
         None, gt=0, le=1, description="end the stage once a step's filtered fraction reaches this (I-PPO)")
     chunk: int = Field(64, ge=1, description="responses per vmap call (bounds memory)")
+    validation_refresh: Optional[int] = Field(
+        1, ge=1, description="I-PPO target: validation prompts re-scored at each step, in turn across the sets "
+        "(each prompt's term is then at most ceil(prompts of all sets / this) - 1 steps old); None: every "
+        "prompt at every step (the exact target at theta_k)")
+    share_update: bool = Field(
+        True, description="batched kinds, no KL: the update's gradient comes from the filter's own forward and "
+        "backward (no second pass); False: the update runs its own")
 
     @model_validator(mode="after")
     def _target_has_data(self) -> "OnlineFilterOptions":
@@ -188,7 +195,35 @@ class GradientEngine:
         if batched if batched is not None else is_batched(spec):
             from cropi.gradients.hooks import FactoredHooks
 
-            self.hooks = FactoredHooks(model, self.projector)
+            # the hooks call the projector through a clock: its share of a pass shared with the update is
+            # the filter's own time (synchronous on CPU; on a GPU it times the kernel launches only)
+            self.clock = _Clocked(self.projector)
+            self.hooks = FactoredHooks(model, self.clock)
+
+    def rows(self, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], adv: torch.Tensor,
+             behavior: Optional[Sequence[Optional[Sequence[float]]]] = None, *, pad_id: int = 0,
+             tape: bool = False) -> tuple[torch.Tensor, Optional["_Tape"]]:
+        """``P g(z)`` of every row (n, k), rows of nonzero advantage only; ``behavior[i]``: row i's behavior
+        log-probs (POPI's ratio), None for on-policy (ratio 1). ``tape`` (batched engine): one pass over all
+        rows, with every parameter-owning module's input and output gradient kept (``_Tape``)."""
+        behavior = list(behavior) if behavior is not None else [None] * len(seqs)
+        if self.hooks is not None:
+            return self._pass(seqs, adv, behavior, pad_id, tape)
+        if tape:
+            raise ValueError("the update can share only the batched engine's pass")
+        out = torch.zeros(len(seqs), self.projector.out_dim, device=self.projector.device)
+        for on_policy in (True, False):  # per_response takes one behavior tensor, or None, for all its rows
+            part = [i for i, b in enumerate(behavior) if (b is None) == on_policy]
+            if not part:
+                continue
+            resp = Responses.build([seqs[i] for i in part], pad_id)
+            beh = None
+            if not on_policy:
+                beh = torch.zeros_like(resp.mask)
+                for j, i in enumerate(part):
+                    beh[j, :len(behavior[i])] = torch.tensor(list(behavior[i]), dtype=beh.dtype)
+            out[torch.tensor(part)] = self.per_response(resp, adv[torch.tensor(part)], beh)
+        return out, None
 
     def per_response(self, resp: Responses, adv: torch.Tensor, behavior: Optional[torch.Tensor] = None
                      ) -> torch.Tensor:
@@ -248,20 +283,31 @@ class GradientEngine:
         return self.projector.project((n, by_name[n][None]) for n in self.names)[0]
 
     def _rows(self, resp: Responses, adv: torch.Tensor, behavior: Optional[torch.Tensor]) -> torch.Tensor:
+        """``per_response``'s batched path on one chunk: ``_pass`` with the behavior log-probs as lists."""
+        beh = None if behavior is None else [behavior[i, :int(n)].tolist() for i, n in enumerate(resp.lengths)]
+        return self._pass(resp.seqs, adv, beh or [None] * len(resp.seqs), resp.pad_id, False)[0]
+
+    def _pass(self, seqs, adv: torch.Tensor, behavior: list, pad_id: int, tape: bool
+              ) -> tuple[torch.Tensor, Optional["_Tape"]]:
         """Projected ``g(z)`` of each row from one forward and one activation-only backward.
 
         The rows are left padded here (``cropi.gradients.batching.build_rows``, as the gradients job's
         batched path): every response then ends at the last position, so the LM head runs on the last
         ``max |y| + 1`` positions only (``logits_to_keep``) instead of every prompt position, which was
-        most of this pass's cost on short responses."""
+        most of this pass's cost on short responses. Rows may mix on-policy responses (ratio 1) and
+        off-policy ones (the validation rollouts): rows do not interact, so each row's block is its own."""
         device = next(self.model.parameters()).device
-        mb = build_rows([(p, r, [0.0] * len(r)) for p, r in resp.seqs], list(range(len(resp.seqs))), resp.pad_id)
-        with self.hooks.capture(mb.attention_mask.to(device)) as cap:
+        mb = build_rows([(p, r, b if b is not None else [0.0] * len(r)) for (p, r), b in zip(seqs, behavior)],
+                        list(range(len(seqs))), pad_id)
+        on_policy = torch.tensor([b is None for b in behavior], device=device)[:, None]
+        recorder = _Tape(mb.attention_mask.to(device)) if tape else None
+        with self.hooks.capture(mb.attention_mask.to(device)) as cap, \
+                (recorder.record(self.model) if recorder else nullcontext()):
             lp = left_padded_logprobs(self.model, mb, device)
             mask = mb.response_mask.to(device)
-            old = lp.detach() if behavior is None else _right_aligned(behavior, resp.lengths, lp.shape[1]).to(device)
-            cap.backward(-popi_response_terms(lp, old, mask, adv.to(device)).sum())  # on-policy: rho = 1
-        return cap.rows.to(self.projector.device, torch.float32)
+            old = torch.where(on_policy, lp.detach(), mb.behavior_logp.to(device, lp.dtype))  # on-policy: rho = 1
+            cap.backward(-popi_response_terms(lp, old, mask, adv.to(device)).sum())
+        return cap.rows.to(self.projector.device, torch.float32), recorder
 
     def token_logprobs(self, resp: Responses) -> torch.Tensor:
         """Teacher-forced log-probs of the response tokens (n, R), no gradient."""
@@ -270,14 +316,116 @@ class GradientEngine:
             return _picked_logprobs(self.model(input_ids=resp.ids.to(device), use_cache=False).logits, resp, device)
 
 
-def _right_aligned(values: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
-    """Per-token values stored left-aligned (n, R) (``Responses``' layout) moved to the end of ``width``
-    columns (the left-padded layout of ``build_rows``): row i's first ``lengths[i]`` values last."""
-    out = torch.zeros(values.shape[0], width, dtype=values.dtype)
-    for i, n in enumerate(lengths.long().tolist()):
-        if n:
-            out[i, width - n:] = values[i, :n].cpu()
-    return out
+class _Clocked:
+    """A projector whose hook-path methods (what ``FactoredHooks`` calls per layer) add their seconds to
+    ``seconds``; everything else is the projector's own."""
+
+    def __init__(self, projector):
+        self._projector, self.seconds = projector, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self._projector, name)
+
+    def _timed(self, method: str, *args):
+        began = time.perf_counter()
+        try:
+            return getattr(self._projector, method)(*args)
+        finally:
+            self.seconds += time.perf_counter() - began
+
+    def keep_input(self, *args):
+        return self._timed("keep_input", *args)
+
+    def layer_block(self, *args):
+        return self._timed("layer_block", *args)
+
+    def embedding_block(self, *args):
+        return self._timed("embedding_block", *args)
+
+
+class _Tape:
+    """Every parameter-owning module's inputs and output gradient from one forward and one activation-only
+    backward, so that the weight gradient of any row-weighted sum of the rows' losses is formed after.
+
+    Rows do not interact, so the gradient of ``sum_r w_r L_r`` at a module's output is ``w_r delta_r`` on
+    row r (``delta`` that of ``sum_r L_r``), and every parameter's gradient is linear in it: for a linear
+    layer ``sum_r w_r delta_r^T x_r`` (bias: ``sum_r w_r delta_r`` over tokens); for the input embedding an
+    index_add of ``w_r delta_r`` at the row's tokens; for any other module (RMSNorm's weight, ...) the
+    vector-Jacobian product of its own forward, recomputed on its kept input, with ``w_r delta_r``.
+    Every module is assumed to map rows to rows along dim 0 (true of a decoder's layers). Padding
+    positions' output gradients are zeroed, so padding contributes nothing whatever the model does there.
+    """
+
+    def __init__(self, token_mask: torch.Tensor):
+        self.mask = token_mask
+        self.calls: list[list] = []  # [module, args, kwargs, output gradient (filled by the backward)]
+
+    @contextmanager
+    def record(self, model: torch.nn.Module):
+        handles = [m.register_forward_hook(self._forward, with_kwargs=True) for m in model.modules()
+                   if any(p.requires_grad for p in m.parameters(recurse=False))]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _forward(self, module, args, kwargs, output):
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            call = [module, args, kwargs, None]
+            self.calls.append(call)
+            output.register_hook(lambda delta: call.__setitem__(3, delta))
+
+    def gradients(self, weights: torch.Tensor) -> dict[torch.nn.Parameter, torch.Tensor]:
+        """The gradient of ``sum_r weights[r] * loss_r`` for every trainable parameter of a module that ran."""
+        rows = torch.nonzero(weights).squeeze(1).to(self.mask.device)
+        every = rows.numel() == len(weights)  # no row to leave out: no copy of the kept tensors
+        # one factor per (row, token): the row's weight on its real tokens, 0 on padding
+        factor = (weights.to(self.mask.device)[:, None] * self.mask)[rows]
+        out: dict[torch.nn.Parameter, torch.Tensor] = {}
+        for module, args, kwargs, delta in self.calls:
+            params = {n: p for n, p in module.named_parameters(recurse=False) if p.requires_grad}
+            if delta is None or rows.numel() == 0:  # off the loss's path, or no row weighs: zero
+                parts = {n: torch.zeros_like(p) for n, p in params.items()}
+            else:
+                d = delta if every else delta[rows]
+                if d.dim() >= 3 and d.shape[1] <= factor.shape[1]:  # (rows, tokens, ...): the LM head sees the last
+                    d = d * factor[:, factor.shape[1] - d.shape[1]:].to(d.dtype)[..., None]
+                else:
+                    d = d * weights.to(d.device, d.dtype)[rows].reshape(-1, *[1] * (d.dim() - 1))
+                parts = self._module_grads(module, params, args, kwargs, d, None if every else rows)
+            for name, g in parts.items():
+                p = params[name]
+                out[p] = out[p] + g if p in out else g.to(p.dtype)
+        return out
+
+    def _module_grads(self, module, params, args, kwargs, d, rows) -> dict[str, torch.Tensor]:
+        n_rows = self.mask.shape[0]
+
+        def take(v):  # the kept rows of a per-row input (all of them when ``rows`` is None)
+            return v[rows] if rows is not None and isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n_rows else v
+
+        if isinstance(module, torch.nn.Linear):
+            x = take(args[0])
+            d2, x2 = d.reshape(-1, d.shape[-1]), x.reshape(-1, x.shape[-1]).to(d.dtype)
+            grads = {"weight": d2.T @ x2}
+            if "bias" in params:
+                grads["bias"] = d2.sum(0)
+            return {n: g for n, g in grads.items() if n in params}
+        if isinstance(module, torch.nn.Embedding) and list(params) == ["weight"]:
+            tokens = take(args[0]).reshape(-1)
+            g = torch.zeros_like(params["weight"], dtype=d.dtype).index_add_(0, tokens, d.reshape(-1, d.shape[-1]))
+            if module.padding_idx is not None:  # as F.embedding's backward: the padding row gets no gradient
+                g[module.padding_idx] = 0
+            return {"weight": g}
+        from torch.func import functional_call, vjp
+
+        names = list(params)
+        sliced = tuple(take(a) for a in args)
+        sliced_kw = {k: take(v) for k, v in kwargs.items()}
+        _, pullback = vjp(lambda *ps: functional_call(module, dict(zip(names, ps)), sliced, sliced_kw),
+                          *[params[n].detach() for n in names])
+        return dict(zip(names, pullback(d.to(params[names[0]].dtype))))
 
 
 def _picked_logprobs(logits: torch.Tensor, resp: Responses, device) -> torch.Tensor:
@@ -288,6 +436,16 @@ def _picked_logprobs(logits: torch.Tensor, resp: Responses, device) -> torch.Ten
 
 
 @dataclass
+class SharedUpdate:
+    """The update's gradient over the kept responses, formed from the filter's own pass."""
+
+    grads: dict            # parameter -> gradient of the update's loss (every trainable parameter)
+    loss: float
+    tokens: float          # response tokens of the kept responses (the token-mean's denominator)
+    seconds: float         # the pass's time less the filter's own share (forward, backward, weight gradients)
+
+
+@dataclass
 class FilterResult:
     """What the filter did at one step."""
 
@@ -295,26 +453,53 @@ class FilterResult:
     dropped: list[int]
     influence: torch.Tensor
     seconds: float
+    update: Optional[SharedUpdate] = None
 
     def row(self) -> dict:
         n = len(self.influence)
         return {"filtered_fraction": len(self.dropped) / n if n else 0.0,
                 "influence_mean": float(self.influence.mean()) if n else 0.0,
                 "negative_fraction": float((self.influence < 0).double().mean()) if n else 0.0,
-                "filter_s": self.seconds}
+                "filter_s": self.seconds, **({"shared_update": True} if self.update is not None else {})}
+
+
+def update_weights(lengths: torch.Tensor, keep: Sequence[int], aggregation: str) -> tuple[torch.Tensor, float]:
+    """Per buffer response, the multiple of its POPI loss term's gradient that is its share of the lean
+    update's gradient (0 for a dropped one), and the kept response tokens.
+
+    With ratio 1 and no KL (``cropi.trainers.objective.grpo_loss``), response r adds
+    ``-A_r sum_t grad log pi_t`` times ``1/N`` (token-mean, N the kept responses' tokens) or ``1/(n |y_r|)``
+    (seq-mean-token-mean, n kept responses); its POPI term's gradient is ``-(A_r/|y_r|) sum_t grad log pi_t``,
+    so the multiple is ``|y_r| / N`` or ``1 / n``. A zero-advantage response counts in N and n though its
+    gradient is 0."""
+    w = torch.zeros(len(lengths), dtype=torch.float64)
+    if not keep:
+        return w, 0.0
+    index = torch.tensor(list(keep), dtype=torch.long)
+    tokens = float(lengths[index].sum())
+    if aggregation == "token-mean":
+        w[index] = lengths[index].double() / max(tokens, 1.0)
+    elif aggregation == "seq-mean-token-mean":
+        w[index] = 1.0 / len(keep)
+    else:
+        raise ValueError(f"unknown aggregation {aggregation!r}: use token-mean or seq-mean-token-mean")
+    return w, tokens
 
 
 class OnlineFilter:
     """The filter step of one stage: its engine, its target, its random stream."""
 
-    def __init__(self, opts: OnlineFilterOptions, model, *, pad_id: int, seed: int):
+    def __init__(self, opts: OnlineFilterOptions, model, *, pad_id: int, seed: int, batched: Optional[bool] = None):
+        """``batched``: as ``GradientEngine``'s (False: the per-response reference path)."""
         self.opts, self.pad_id = opts, pad_id
-        self.engine = GradientEngine(model, opts.projection, chunk=opts.chunk)
+        self.engine = GradientEngine(model, opts.projection, chunk=opts.chunk, batched=batched)
         self.rng = random.Random(f"cropi.filter:{seed}")
         self.validation: list[_Validation] = []
+        self.steps = 0  # selects so far this stage: which validation prompts the next one re-scores
 
     def sample_validation(self, sampler, sets: dict[str, list[dict]], reward_fn, cfg) -> None:
-        """The I-PPO target's rollouts, from the stage's starting policy (``sets``: name -> prompt rows)."""
+        """The I-PPO target's rollouts, from the stage's starting policy (``sets``: name -> prompt rows),
+        and every validation prompt's term of the target at that policy."""
         if self.opts.resolved_target != "validation":
             return
         from cropi.rewards import score_responses
@@ -330,23 +515,95 @@ class OnlineFilter:
             resp = Responses.build(seqs, self.pad_id)
             adv = group_advantages(torch.tensor(rewards), cfg.samples)
             self.validation.append(_Validation(name, resp, adv, self.engine.token_logprobs(resp), len(rows)))
+        self.score_validation(None)
 
-    def select(self, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], adv: torch.Tensor) -> FilterResult:
-        """Score the buffer at the current parameters and apply the policy."""
+    def score_validation(self, step: Optional[int]) -> None:
+        """Re-score validation prompts at the live parameters: at ``step`` (0, 1, ...) the step's turn of
+        ``validation_refresh`` prompts, or every prompt (``step`` None, or the option None)."""
+        per = self.opts.validation_refresh
+        if step is None or per is None or any(v.table is None for v in self.validation):
+            parts = [(v, list(range(v.n_prompts))) for v in self.validation]
+        else:
+            # in turn across the sets: prompt 0 of every set, then prompt 1, ...; so every term is at most
+            # ceil(total / per) - 1 steps old and each set's terms age alike
+            order = sorted((i, j) for j, v in enumerate(self.validation) for i in range(v.n_prompts))
+            picked = {order[(step * per + n) % len(order)] for n in range(min(per, len(order)))}
+            parts = [(v, sorted(i for i, jj in picked if jj == j)) for j, v in enumerate(self.validation)]
+        rows = [(v, i) for v, prompts in parts for i in v.rows_of(prompts)]
+        live = [(v, i) for v, i in rows if v.advantages[i] != 0]
+        grads = None
+        if live:
+            grads, _ = self.engine.rows([v.responses.seqs[i] for v, i in live],
+                                        torch.stack([v.advantages[i] for v, i in live]),
+                                        [v.behavior_of(i) for v, i in live], pad_id=self.pad_id)
+        for v, prompts in parts:
+            k = v.rollouts
+            sums = torch.zeros(len(prompts), self.engine.projector.out_dim, device=self.engine.projector.device)
+            for j, (w, i) in enumerate(live):
+                if w is v:
+                    sums[prompts.index(i // k)] += grads[j]
+            v.store(prompts, sums / k)  # POPI: g(s) = -(1/K) sum_k (1/|y_k|) sum_t rho A
+
+    def select(self, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], adv: torch.Tensor, *,
+               aggregation: Optional[str] = None) -> FilterResult:
+        """Score the buffer at the current parameters and apply the policy. ``aggregation`` (the update's;
+        only where the update has no KL term): the result also carries the update's gradient over the kept
+        responses, from the same forward and backward (``SharedUpdate``), where the engine is batched."""
         began = time.perf_counter()
-        grads = self.engine.per_response(Responses.build(seqs, self.pad_id), adv)
+        share = aggregation is not None and self.engine.hooks is not None and self.opts.share_update
+        if self.opts.resolved_target == "validation":
+            self.score_validation(self.steps)
+        self.steps += 1
+        own = time.perf_counter() - began  # the filter's own seconds (the validation pass is all its own)
+        live = torch.nonzero(adv != 0).squeeze(1)
+        grads = torch.zeros(len(seqs), self.engine.projector.out_dim, device=self.engine.projector.device)
+        tape = None
+        if live.numel():
+            clock = self.engine.clock.seconds if share else 0.0
+            began = time.perf_counter()
+            if share:
+                grads[live], tape = self.engine.rows([seqs[i] for i in live.tolist()], adv[live], pad_id=self.pad_id,
+                                                     tape=True)
+            else:
+                grads = self.engine.per_response(Responses.build(seqs, self.pad_id), adv)
+            passed = time.perf_counter() - began
+            hooks = self.engine.clock.seconds - clock if share else passed
+            own += hooks
+            shared_s = passed - hooks
+        began = time.perf_counter()
         influence = scores(grads, self.target(grads, seqs), self.opts.score)
         dropped = drop_set(self.opts.policy, influence, self.opts.p, self.rng)
         gone = set(dropped)
         keep = [i for i in range(len(seqs)) if i not in gone]
-        return FilterResult(keep, dropped, influence.float(), time.perf_counter() - began)
+        own += time.perf_counter() - began
+        update = None
+        if share:
+            began = time.perf_counter()
+            update = self._shared_update(seqs, adv, live, keep, tape, aggregation)
+            update.seconds = time.perf_counter() - began + (shared_s if live.numel() else 0.0)
+        return FilterResult(keep, dropped, influence.float(), own, update)
+
+    def _shared_update(self, seqs, adv, live, keep, tape, aggregation) -> SharedUpdate:
+        lengths = torch.tensor([float(len(r)) for _, r in seqs])
+        weights, tokens = update_weights(lengths, keep, aggregation)
+        loss = -float((weights * adv.double() * (lengths > 0).double()).sum())  # ratio 1: a POPI term's value is A_r
+        params = [p for p in self.engine.model.parameters() if p.requires_grad]
+        if tape is None:  # no response carries signal: the gradient is 0 (the update still steps, as without sharing)
+            return SharedUpdate({p: torch.zeros_like(p) for p in params}, loss, tokens, 0.0)
+        got = tape.gradients(weights[live])
+        missing = [n for n, p in self.engine.model.named_parameters() if p.requires_grad and p not in got]
+        if missing:
+            raise RuntimeError(f"the shared update found no gradient for {missing[:3]} (a parameter used outside "
+                               "its module's forward): set online_filter.share_update to false")
+        return SharedUpdate(got, loss, tokens, 0.0)
 
     def target(self, grads: torch.Tensor, seqs) -> torch.Tensor:
-        """``P t``: the buffer's sequence-level objective, or the validation sets' mean POPI gradient."""
+        """``P t``: the buffer's sequence-level objective, or the validation sets' mean POPI gradient (each
+        prompt's term as last re-scored, ``score_validation``)."""
         if self.opts.resolved_target == "buffer":
             lengths = torch.tensor([float(len(r)) for _, r in seqs], device=grads.device)
             return (lengths[:, None] * grads).mean(0)
-        return torch.stack([v.mean_gradient(self.engine) for v in self.validation]).mean(0)
+        return torch.stack([v.table.mean(0) for v in self.validation]).mean(0)
 
 
 @dataclass
@@ -354,11 +611,28 @@ class _Validation:
     name: str
     responses: Responses
     advantages: torch.Tensor
-    behavior: torch.Tensor
+    behavior: torch.Tensor   # (n, R) log-probs of the stage's starting policy, left-aligned as ``responses``
     n_prompts: int
+    table: Optional[torch.Tensor] = None  # (n_prompts, k): each prompt's P g(s), as last re-scored
+
+    @property
+    def rollouts(self) -> int:
+        return len(self.advantages) // self.n_prompts
+
+    def rows_of(self, prompts: list[int]) -> list[int]:
+        k = self.rollouts
+        return [p * k + j for p in prompts for j in range(k)]
+
+    def behavior_of(self, i: int) -> list[float]:
+        return self.behavior[i, :int(self.responses.lengths[i])].tolist()
+
+    def store(self, prompts: list[int], values: torch.Tensor) -> None:
+        if self.table is None:
+            self.table = torch.zeros(self.n_prompts, values.shape[1], device=values.device)
+        self.table[torch.tensor(prompts, dtype=torch.long)] = values
 
     def mean_gradient(self, engine: GradientEngine) -> torch.Tensor:
-        """Mean over the set's prompts of P g(s), g(s) = -(1/K) sum_k (1/|y_k|) sum_t rho A (POPI)."""
+        """Mean over the set's prompts of P g(s), g(s) = -(1/K) sum_k (1/|y_k|) sum_t rho A (POPI), fresh."""
         k = len(self.advantages) // self.n_prompts
         return engine.summed(self.responses, self.advantages, self.behavior) / (k * self.n_prompts)
 
@@ -375,4 +649,5 @@ def _eager(model):
         cfg._attn_implementation = before
 
 
-__all__ = ["FilterResult", "GradientEngine", "OnlineFilter", "OnlineFilterOptions", "Responses", "drop_set", "scores"]
+__all__ = ["FilterResult", "GradientEngine", "OnlineFilter", "OnlineFilterOptions", "Responses", "SharedUpdate",
+           "drop_set", "scores", "update_weights"]

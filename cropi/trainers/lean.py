@@ -166,19 +166,27 @@ class _Run:
         adv = group_advantages(torch.tensor(rewards), opts.rollouts)
         zero_groups = float((adv.reshape(-1, opts.rollouts).abs().sum(1) == 0).float().mean())
         seqs = [(p["ids"], s.token_ids) for p, g in zip(batch, groups) for s in g]
-        filtered, stop = {}, False
+        filtered, stop, shared = {}, False, None
         if self.filter is not None:
-            # filter: influence at the step's starting parameters; kept responses keep their full-group advantages
-            result = self.filter.select(seqs, adv)
+            # filter: influence at the step's starting parameters; kept responses keep their full-group advantages.
+            # Without a KL term the update's gradient is a weighted sum of the filter's per-response terms, so the
+            # filter's pass also yields it (cropi.trainers.filters.SharedUpdate): no second forward and backward
+            share = self.ref is None or opts.kl_coef == 0
+            result = self.filter.select(seqs, adv, aggregation=opts.aggregation if share and self._no_dropout else None)
             seqs, adv = [seqs[i] for i in result.keep], adv[torch.tensor(result.keep, dtype=torch.long)]
-            filtered = result.row()
+            filtered, shared = result.row(), result.update
             threshold = opts.online_filter.early_stop_fraction
             stop = threshold is not None and filtered["filtered_fraction"] >= threshold
         t2 = time.monotonic()
-        stats = self._update(seqs, adv)
+        if shared is not None:
+            stats = self._apply(shared) if seqs else self._update(seqs, adv)
+            update_s = shared.seconds + time.monotonic() - t2
+        else:
+            stats = self._update(seqs, adv)
+            update_s = time.monotonic() - t2
         row = {"stage": self.stage, "step": step, "reward_mean": sum(rewards) / len(rewards),
                "zero_advantage_groups": zero_groups, "prompt_rewards": observed,
-               "sample_s": t1 - t0, "update_s": time.monotonic() - t2, **filtered, **stats,
+               "sample_s": t1 - t0, "update_s": update_s, **filtered, **stats,
                "step_s": time.monotonic() - t0}
         if stop:
             row["early_stop"] = True
@@ -195,20 +203,66 @@ class _Run:
         opts = self.opts
         if not seqs:  # the filter dropped every response: no update this step
             return {"loss": 0.0, "grad_norm": 0.0, "kl": 0.0, "tokens": 0.0}
-        ids, attn, mask = _right_pad(seqs, self.sampler.pad_id, self.policy.device)
         self.policy.train()
-        logp = token_logprobs(self.policy, ids, attn)
-        ref_logp = None
-        if self.ref is not None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ref is None or opts.kl_coef == 0:
+            loss, stats = self._policy_gradient(seqs, adv)
+        else:
+            ids, attn, mask = _right_pad(seqs, self.sampler.pad_id, self.policy.device)
+            logp = token_logprobs(self.policy, ids, attn)
             with torch.no_grad():
                 ref_logp = token_logprobs(self.ref, ids, attn)
-        loss, stats = grpo_loss(logp, mask, adv.to(logp.device), ref_logp=ref_logp, kl_coef=opts.kl_coef,
-                                aggregation=opts.aggregation)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+            loss, stats = grpo_loss(logp, mask, adv.to(logp.device), ref_logp=ref_logp, kl_coef=opts.kl_coef,
+                                    aggregation=opts.aggregation)
+            loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), opts.grad_clip)
         self.optimizer.step()
         return {"loss": float(loss.detach()), "grad_norm": float(norm), **stats}
+
+    def _policy_gradient(self, seqs, adv):
+        """The no-KL loss's backward over the responses that carry signal: a zero-advantage response's term
+        and gradient are exactly 0 and it only counts in the aggregation's denominator, so the pass skips it
+        and the loss over the others is rescaled to the whole batch's denominator."""
+        import torch
+
+        from cropi.trainers.objective import grpo_loss, token_logprobs
+
+        live = [i for i in range(len(seqs)) if float(adv[i]) != 0]
+        tokens = float(sum(len(r) for _, r in seqs))
+        if not live:  # no signal: a zero gradient, and AdamW still steps (as the loss's own backward would have)
+            for p in self.policy.parameters():
+                p.grad = torch.zeros_like(p)
+            return torch.zeros(()), {"kl": 0.0, "tokens": tokens}
+        ids, attn, mask = _right_pad([seqs[i] for i in live], self.sampler.pad_id, self.policy.device)
+        logp = token_logprobs(self.policy, ids, attn)
+        loss, _ = grpo_loss(logp, mask, adv[live].to(logp.device), aggregation=self.opts.aggregation)
+        if self.opts.aggregation == "token-mean":
+            loss = loss * (float(mask.sum()) / max(tokens, 1.0))
+        else:
+            loss = loss * (len(live) / len(seqs))
+        loss.backward()
+        return loss, {"kl": 0.0, "tokens": tokens}
+
+    def _apply(self, shared) -> dict:
+        """The update from the filter's pass: its gradient over the kept responses, then the same clip and step."""
+        import torch
+
+        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.policy.parameters():
+            p.grad = shared.grads.get(p)
+        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.opts.grad_clip)
+        self.optimizer.step()
+        return {"loss": shared.loss, "grad_norm": float(norm), "kl": 0.0, "tokens": shared.tokens}
+
+    @property
+    def _no_dropout(self) -> bool:
+        """True when the policy computes the same in train and eval mode: the shared pass runs in the mode the
+        sampler left (eval), and gives the train-mode update's gradient only where no dropout acts."""
+        import torch
+
+        cfg = self.policy.config
+        return (all(m.p == 0 for m in self.policy.modules() if isinstance(m, torch.nn.Dropout))
+                and not any(getattr(cfg, k, 0) for k in ("attention_dropout", "hidden_dropout", "dropout")))
 
     def evaluate(self, step: int, *, stage_end: bool = True) -> None:
         """The eval files at ``step``; the stage-eval files too at step 0 and at a stage's end."""
