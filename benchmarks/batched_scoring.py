@@ -24,7 +24,7 @@ only (their ESS), timed apart (``plain`` runs the forward of ``sjlt``'s rows for
 2 x 100) in the measured informative shares, the gradient part of a stage's ``score_s``; ranking is
 the same for every side.
 
-    python benchmarks/batched_scoring.py [--pool 96] [--val 24] --out benchmarks/results
+    python benchmarks/batched_scoring.py [--pool 256] [--val 48] --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ def timed(fns: dict, trajs: list) -> dict[str, float]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pool", type=int, default=96)
-    ap.add_argument("--val", type=int, default=24, help="prompts per targeted validation set")
+    ap.add_argument("--pool", type=int, default=256)
+    ap.add_argument("--val", type=int, default=48, help="prompts per targeted validation set")
     ap.add_argument("--sketch-dim", type=int, default=4096)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)

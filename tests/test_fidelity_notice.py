@@ -56,3 +56,29 @@ def test_cropi_rank_prints_the_notice_for_an_unmeasured_spec(tmp_path, capsys):
     spec = ProjectionSpec(kind="tensorsketch", dim=512)
     assert ranked["meta"]["spec_id"] == spec.spec_id and ranked["rows"]  # the spec is used
     assert BENCHMARK in err and spec.spec_id in err
+    assert ranked["meta"]["projection"]["kind"] == "tensorsketch" and ranked["meta"]["projection"]["dim"] == 512
+    assert ranked["meta"]["fidelity"] is None  # recorded with the ranking: never measured at this size
+
+
+def test_scoring_defaults_to_the_measured_spec_and_each_ranking_records_it(tmp_path, capsys):
+    """No projection named: the gradients job and the ranking use SCORING_SPEC, whose fidelity is measured;
+    the ranking's meta names the spec and the result that measured it, and no notice is printed."""
+    from support.golden import COLLECT, GOLDEN, MODEL, cli
+
+    from cropi.pipeline.requests import ScoreRequest
+    from cropi.projection.fidelity import SCORING_SPEC
+
+    assert ScoreRequest.model_fields["projection"].default == SCORING_SPEC and measured(SCORING_SPEC)
+    for split in ("pool", "val_a"):
+        cli("collect", "--model", str(MODEL), "--prompts", str(GOLDEN / f"{split}.jsonl"),
+            "--out", str(tmp_path / split), *COLLECT)
+        cli("gradients", "--model", str(MODEL), "--trajectories", str(tmp_path / split), "--store",
+            str(tmp_path / "store"), "--split", split, "--name", "g", "--dtype", "float32")
+    capsys.readouterr()
+    ranked = cli("rank", "--store", str(tmp_path / "store"), "--name", "g", "--pool", "pool",
+                 "--validation", "val_a", "--top-fraction", "0.25")
+    assert BENCHMARK not in capsys.readouterr().err
+    meta = ranked["meta"]
+    assert meta["spec_id"] == SCORING_SPEC.spec_id
+    assert ProjectionSpec(**meta["projection"]) == SCORING_SPEC
+    assert meta["fidelity"] == measured(SCORING_SPEC) and meta["fidelity"]["cell"] == "tensorsketch/k=4096"

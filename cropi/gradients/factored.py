@@ -98,9 +98,8 @@ class FactoredComputer:
         budget = self.options.token_budget
         for live in (True, False):
             members = [i for i, p in enumerate(prompts) if p.truncated != "prompt" and p.live == live]
-            packed = [i for i in members if self.pack and should_pack(len(prompts[i].prompt), [len(r) for r in prompts[i].responses],
-                                                         self.shape, budget)]
-            alone = [i for i in members if i not in set(packed)]
+            packed = [i for i in members if self._packs(prompts[i])]
+            alone = sorted(set(members) - set(packed))
             rows = [(i, k) for i in alone for k in range(len(prompts[i].responses))]
             lengths = [len(prompts[i].prompt) + len(prompts[i].responses[k]) for i, k in rows]
             for group in plan_micro_batches(lengths, budget):
@@ -109,6 +108,11 @@ class FactoredComputer:
             for group in plan_micro_batches(widths, budget):
                 self._packed_batch(prompts, [packed[j] for j in group], out if live else None)
         return out
+
+    def _packs(self, p: _Prompt) -> bool:
+        """Whether prompt ``p``'s responses go in one packed row (cropi.gradients.packing.should_pack)."""
+        return self.pack and should_pack(len(p.prompt), [len(r) for r in p.responses], self.shape,
+                                         self.options.token_budget)
 
     def _micro_batch(self, prompts, rows: list[tuple[int, int]], out: torch.Tensor | None) -> None:
         """Rows ``(prompt, response)`` each its own left-padded row; a prompt's rows summed by the hooks."""
