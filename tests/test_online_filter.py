@@ -163,8 +163,8 @@ def data(tmp_path_factory):
 BASE = dict(batch_prompts=4, rollouts=4, max_new_tokens=4, lr=1e-3, kl_coef=0.01)
 
 
-def train(model_dir, data, out, steps=2, **filter_opts):
-    trainer = make_trainer("lean", **BASE, online_filter=filter_opts)
+def train(model_dir, data, out, steps=2, kl_coef=BASE["kl_coef"], **filter_opts):
+    trainer = make_trainer("lean", **BASE | {"kl_coef": kl_coef}, online_filter=filter_opts)
     return trainer.train_stage(model=str(model_dir), subset=str(data / "subset.parquet"), out_dir=str(out),
                                steps=steps, seed=3, stage=0, reward=NOISY)
 
@@ -179,6 +179,7 @@ def test_a_filter_that_drops_nothing_gives_bitwise_the_same_update(model_dir, da
     kept = train(model_dir, data, tmp_path / "kept", policy="iif", p=0.001)
     rows = rows_of(kept)
     assert [r["filtered_fraction"] for r in rows] == [0.0, 0.0]
+    assert not any("shared_update" in r for r in rows)  # a KL term: the update runs its own pass
     assert all(r["influence_mean"] != 0 and r["filter_s"] > 0 for r in rows)
     a, b = load_causal_lm(plain.checkpoint).state_dict(), load_causal_lm(kept.checkpoint).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -278,3 +279,65 @@ def test_factored_validation_target_is_the_mean_popi_gradient(model_dir):
                 for i, ((p, r), a) in enumerate(zip(SEQS, ADV)))
     want = engine.projector.project(named(brute[None], model))[0] / (2 * 3)
     torch.testing.assert_close(val.mean_gradient(engine), want.float(), rtol=1e-4, atol=1e-7)
+
+
+def test_without_kl_the_update_comes_from_the_filter_pass(model_dir, data, tmp_path):
+    """kl_coef 0: the trainer's update is formed from the filter's pass; the same step with the update's own
+    forward and backward (share_update false) scores, drops and trains alike (the gradients themselves
+    against brute force: tests/test_shared_update.py)."""
+    opts = dict(policy="ippo", validation_files={"count": str(data / "val.jsonl")}, validation_prompts=3,
+                validation_rollouts=4)
+    shared = train(model_dir, data, tmp_path / "shared", steps=1, kl_coef=0.0, **opts)
+    own = train(model_dir, data, tmp_path / "own", steps=1, kl_coef=0.0, share_update=False, **opts)
+    a, b = rows_of(shared), rows_of(own)
+    assert a[0]["shared_update"] is True and "shared_update" not in b[0]
+    assert a[0]["filtered_fraction"] == b[0]["filtered_fraction"] > 0
+    assert a[0]["loss"] == pytest.approx(b[0]["loss"], rel=1e-5) and a[0]["tokens"] == b[0]["tokens"]
+    assert a[0]["grad_norm"] == pytest.approx(b[0]["grad_norm"], rel=1e-4)
+    x, y = load_causal_lm(shared.checkpoint).state_dict(), load_causal_lm(own.checkpoint).state_dict()
+    base = load_causal_lm(model_dir).state_dict()
+    for k in x:
+        # AdamW's first step is lr * g / (|g| + 1e-8): a coordinate whose gradient is float noise may move
+        # either way, so: (almost) every coordinate the same, and the step moved the model
+        off = (x[k] - y[k]).abs() > 1e-6
+        assert int(off.sum()) <= max(2, off.numel() // 1000), k
+    assert sum(int(((x[k] - base[k]).abs() > 1e-4).sum()) for k in x) > 10_000
+
+
+def test_the_validation_target_is_re_scored_in_turn(model_dir):
+    """validation_refresh 1: each select re-scores one validation prompt (prompt 0 of every set, then prompt
+    1, ...) at the live parameters and keeps the others' terms; checked against the per-response path
+    (vmap, then the projection) at the parameters of each term's last re-scoring."""
+    from cropi.trainers.filters import _Validation
+
+    model = load_causal_lm(model_dir, attn_implementation="sdpa")
+    reference = GradientEngine(model, FACTORED, batched=False)
+    resp = Responses.build(SEQS, 0)
+    sets = [("a", torch.tensor([-0.3, 1.0, 0.5, 0.2, -1.2, 0.9])), ("b", torch.tensor([1.0, -1.0, 0.4, -0.4, 0.0, 0.0]))]
+    opts = OnlineFilterOptions(policy="ippo", validation_files={"a": "-", "b": "-"}, projection=FACTORED)
+    online = OnlineFilter(opts, model, pad_id=0, seed=0)
+    online.validation = [_Validation(name, resp, adv, online.engine.token_logprobs(resp), 3) for name, adv in sets]
+
+    def term(v, prompt):  # POPI's g(s) of one prompt, per response by vmap, at the live parameters
+        rows = [2 * prompt, 2 * prompt + 1]
+        sub = resp.take(torch.tensor(rows))
+        return reference.per_response(sub, v.advantages[rows], v.behavior[rows][:, :sub.mask.shape[1]]).sum(0) / 2
+
+    online.score_validation(None)  # the stage start: every term at theta_0
+    expected = {(i, j): term(v, i) for j, v in enumerate(online.validation) for i in range(3)}
+    generator = torch.Generator().manual_seed(5)
+    for step, picked in enumerate([(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (0, 0)]):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=generator))
+        result = online.select(SEQS[:4], torch.tensor(ADV[:4]))
+        expected[picked] = term(online.validation[picked[1]], picked[0])  # (prompt, set) re-scored now
+        for j, v in enumerate(online.validation):
+            torch.testing.assert_close(v.table, torch.stack([expected[(i, j)] for i in range(3)]),
+                                       rtol=1e-3, atol=1e-5)
+        fresh = torch.stack([v.table.mean(0) for v in online.validation]).mean(0)
+        torch.testing.assert_close(online.target(None, None), fresh)
+        assert result.influence.shape == (4,)
+    # the kept terms are stale, so the target is not the exact one at the last parameters
+    exact = torch.stack([torch.stack([term(v, i) for i in range(3)]).mean(0) for v in online.validation]).mean(0)
+    assert not torch.allclose(online.target(None, None), exact, rtol=1e-3, atol=1e-6)

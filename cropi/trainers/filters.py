@@ -33,9 +33,15 @@ with the projection hooks (cropi.gradients.hooks): each row's ``P g(z)`` is its 
 per-response or weight gradient is formed, and ``chunk`` rows go through a pass. The rows are left
 padded, so the LM head runs on the response positions only. The loss terms are POPI's own
 (``cropi.gradients.popi.popi_response_terms``; every path here calls it). The validation target is
-the same pass over the validation rollouts, rows summed. The step's update cannot reuse these
-blocks: it needs the full weight gradient of the kept responses, which the batched pass never forms
-(a projection cannot be un-projected), so the update runs its own forward and backward.
+the same pass over the validation rollouts.
+
+The update shares that pass (``select(..., aggregation=...)``, the lean trainer without a KL term):
+with ratio 1 and no KL, each response's share of the update's gradient is a known multiple of its
+POPI term's gradient (``update_weights``), and rows do not interact, so the pass keeps every
+parameter-owning module's input and output gradient (``_Tape``) and, once the drop set is known, forms
+the kept responses' weighted weight gradient from them (``SharedUpdate``): no second forward or
+backward. A projection cannot be un-projected, so what is kept is the modules' own tensors, as the
+update's own backward would hold. With a KL term the update runs its own pass.
 
 For the other kinds, per-response gradients come from one ``torch.func.vmap`` over ``grad`` of the per-response
 loss, with eager attention (sdpa under vmap fails with a mask), right
@@ -46,7 +52,10 @@ is 0 have ``g(z) = 0`` exactly and are skipped (influence 0: never negative, nev
 The I-PPO target uses the validation prompts' own rollouts, sampled once per stage from the
 stage's starting policy and reused at every step with POPI's importance ratio
 ``pi_theta_k / pi_theta_m`` (unclipped): no sampling per step, an unbiased estimate at ``theta_k``,
-and within a stage the policy moves little (CROPI's own argument for reusing trajectories).
+and within a stage the policy moves little (CROPI's own argument for reusing trajectories). The
+target is a mean of per-prompt terms; each is scored at the stage start and re-scored in turn,
+``validation_refresh`` prompts a step (default 1), so every term is at most (prompts of all sets) - 1
+steps old; ``validation_refresh=None`` re-scores every prompt at every step (the exact target).
 """
 
 from __future__ import annotations

@@ -11,7 +11,12 @@ One step::
     B prompts of the stage subset (epochs reshuffled from the seed)
     -> n rollouts each from the live policy (temperature, KV-cache decode loop of cropi.generation.hf)
     -> rewards, group advantages
+    -> [online filter: drop responses by influence (cropi.trainers.filters)]
     -> one AdamW update on the GRPO loss (KL to the run's initial model if kl_coef > 0)
+
+Without KL, the update's forward and backward skip the zero-advantage responses (their terms and
+gradients are exactly 0; they still count in the token-mean's denominator), and with an online filter
+on a batched projection the update's gradient is formed from the filter's own pass.
 
 Evaluation runs inside the stage every ``eval_every`` global steps on ``eval_files``
 (greedy and sampled mean@k), like verl's ``test_freq``, so accuracy is resolved
