@@ -313,7 +313,8 @@ def test_the_validation_target_is_re_scored_in_turn(model_dir):
     model = load_causal_lm(model_dir, attn_implementation="sdpa")
     reference = GradientEngine(model, FACTORED, batched=False)
     resp = Responses.build(SEQS, 0)
-    sets = [("a", torch.tensor([-0.3, 1.0, 0.5, 0.2, -1.2, 0.9])), ("b", torch.tensor([1.0, -1.0, 0.4, -0.4, 0.0, 0.0]))]
+    sets = [("a", torch.tensor([-0.3, 1.0, 0.5, 0.2, -1.2, 0.9])),
+            ("b", torch.tensor([1.0, -1.0, 0.4, -0.4, 0.0, 0.0]))]  # b's last prompt: no signal
     opts = OnlineFilterOptions(policy="ippo", validation_files={"a": "-", "b": "-"}, projection=FACTORED)
     online = OnlineFilter(opts, model, pad_id=0, seed=0)
     online.validation = [_Validation(name, resp, adv, online.engine.token_logprobs(resp), 3) for name, adv in sets]

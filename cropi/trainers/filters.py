@@ -412,7 +412,8 @@ class _Tape:
         n_rows = self.mask.shape[0]
 
         def take(v):  # the kept rows of a per-row input (all of them when ``rows`` is None)
-            return v[rows] if rows is not None and isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n_rows else v
+            per_row = isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n_rows
+            return v[rows] if rows is not None and per_row else v
 
         if isinstance(module, torch.nn.Linear):
             x = take(args[0])
