@@ -134,6 +134,21 @@ def test_batched_vectors_equal_projected_brute_force_gradients(clip, budget, lay
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_real_token_equal_to_the_padding_id_gets_no_input_embedding_gradient(layout, monkeypatch):
+    """nn.Embedding never updates its padding row: a prompt or response token equal to ``padding_idx``
+    (0 here, the pad id) inside a sequence adds nothing through the lookup (its output-layer share stays)."""
+    use_layout(monkeypatch, layout)
+    trajs = prompts(5)
+    assert double_model().get_input_embeddings().padding_idx == 0
+    trajs[0].prompt_token_ids[1] = 0
+    trajs[1].responses[0] = [0] + trajs[1].responses[0]
+    trajs[1].behavior_logprobs[0] = [-3.0] + trajs[1].behavior_logprobs[0]
+    want = torch.stack([brute_factored(double_model(), t, SPEC) for t in trajs])
+    got, _ = factored_vectors(double_model(), SPEC, trajs)
+    torch.testing.assert_close(got, want, **(PACKED_TOL if layout == "packed" else dict(rtol=1e-9, atol=1e-12)))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_prompt_gets_the_same_vector_in_a_batch_as_alone(layout, monkeypatch):
     use_layout(monkeypatch, layout)
     trajs = prompts(3)

@@ -51,6 +51,7 @@ class Capture:
         self.anchor: torch.Tensor | None = None
         self.tokens: torch.Tensor | None = None
         self.embedded: list[str] = []  # covered parameters used as the input embedding
+        self.padding_idx: int | None = None  # the input embedding's padding row (its gradient is always 0)
 
     def add(self, start: int, stop: int, values: torch.Tensor) -> None:
         self.rows[:, start:stop] += values
@@ -60,6 +61,8 @@ class Capture:
         if self.anchor is None:
             raise RuntimeError("no forward pass ran under this capture")
         (g,) = torch.autograd.grad(loss, [self.anchor])
+        if self.padding_idx is not None:  # nn.Embedding never updates its padding row, wherever the token sits
+            g = g * (self.tokens != self.padding_idx)[..., None].to(g.dtype)
         for name in self.embedded:
             self.add(*self.projector.embedding_block(name, self.tokens, g.to(self.rows.dtype), self.mask, self.groups))
 
@@ -101,6 +104,7 @@ class FactoredHooks:
         dtype = torch.promote_types(param.dtype, torch.float32)
         cap = Capture(token_mask.shape[0], self.projector, token_mask.to(param.device), dtype, groups)
         cap.embedded = list(self.embedded)
+        cap.padding_idx = getattr(self.embedding, "padding_idx", None)
         handles = [self.embedding.register_forward_hook(lambda m, i, out: self._anchor(cap, i[0], out))]
         for name, module in self.layers:
             handles.append(module.register_forward_hook(self._forward_hook(cap, name)))

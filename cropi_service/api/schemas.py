@@ -3,7 +3,7 @@ make the OpenAPI document; the POST bodies that start work are ``options.request
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -44,11 +44,20 @@ class Dataset(BaseModel):
     created: float
 
 
-class DatasetList(BaseModel):
-    items: list[Dataset] = Field(description="oldest first")
-    total: int = Field(description="datasets registered")
+Entry = TypeVar("Entry")
+
+
+class Page(BaseModel, Generic[Entry]):
+    """One page of a registry's entries (datasets, checkpoints): ``?offset=&limit=`` pick it."""
+
+    items: list[Entry] = Field(description="oldest first")
+    total: int = Field(description="entries registered")
     offset: int
     limit: int
+
+
+class DatasetList(Page[Dataset]):
+    """A page of the registered datasets."""
 
 
 # jobs
@@ -89,11 +98,8 @@ class CheckpointSummary(BaseModel):
     created: float
 
 
-class CheckpointList(BaseModel):
-    items: list[CheckpointSummary] = Field(description="oldest first")
-    total: int = Field(description="checkpoints registered")
-    offset: int
-    limit: int
+class CheckpointList(Page[CheckpointSummary]):
+    """A page of the registered checkpoints."""
 
 
 class Checkpoint(BaseModel):
