@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import collect_trajectories, environment, load_model, write_json  # noqa: E402
+from common import collect_trajectories, environment, interleaved, load_model, write_json  # noqa: E402
 from throughput import plain_fwd_bwd  # noqa: E402
 
 from cropi.demo.assets import shipped_model, task_splits  # noqa: E402
@@ -112,16 +112,8 @@ def run(pool_n: int, val_n: int, sketch_dim: int, out: Path) -> dict:
 
 
 def timed(fns: dict, trajs: list) -> dict[str, float]:
-    """Seconds a prompt of each side over ``trajs``, chunk by chunk, the sides' order rotating."""
-    seconds = {name: 0.0 for name in fns}
-    for r, start in enumerate(range(0, len(trajs), CHUNK)):
-        chunk = trajs[start:start + CHUNK]
-        names = list(fns)
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            s = time.perf_counter()
-            fns[name](chunk)
-            seconds[name] += time.perf_counter() - s
-    return {name: s / max(1, len(trajs)) for name, s in seconds.items()}
+    """Seconds a prompt of each side over ``trajs`` (``common.interleaved``: chunk by chunk, order rotating)."""
+    return {name: sum(chunks) / max(1, len(trajs)) for name, chunks in interleaved(fns, trajs, CHUNK).items()}
 
 
 def main(argv=None) -> None:

@@ -128,3 +128,17 @@ def write_json(out: Path, name: str, payload: dict) -> Path:
     path = out / name
     path.write_text(json.dumps(payload, indent=2))
     return path
+
+
+def interleaved(fns: dict, items: list, chunk: int) -> dict[str, list[float]]:
+    """Each side's seconds per chunk of ``items``: every side runs every chunk, the sides' order rotating
+    from chunk to chunk, so load on a shared machine hits all of them alike."""
+    seconds = {name: [] for name in fns}
+    names = list(fns)
+    for r, start in enumerate(range(0, len(items), chunk)):
+        part = items[start:start + chunk]
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            s = time.perf_counter()
+            fns[name](part)
+            seconds[name].append(time.perf_counter() - s)
+    return seconds

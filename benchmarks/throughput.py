@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, load_model, small_model, synthetic_trajectories, write_json  # noqa: E402
+from common import environment, interleaved, load_model, small_model, synthetic_trajectories, write_json  # noqa: E402
 
 from cropi.gradients import LossOptions, make_computer  # noqa: E402
 from cropi.gradients.batching import build_micro_batch, plan_micro_batches  # noqa: E402
@@ -75,14 +75,8 @@ def run(quick: bool, out: Path, workdir: Path, sjlt: ProjectionSpec, factored: P
            "factored": lambda chunk: sides["factored"][0].compute_many(chunk)}
     if sketch is not None:
         fns["tensorsketch"] = lambda chunk: sides["tensorsketch"][0].compute_many(chunk)
-    seconds = {name: [] for name in fns}
-    for r, start in enumerate(range(0, len(trajs), CHUNK)):
-        chunk = trajs[start:start + CHUNK]
-        names = list(fns)
-        for side in names[r % len(names):] + names[:r % len(names)]:
-            s = time.perf_counter()
-            fns[side](chunk)
-            seconds[side].append((time.perf_counter() - s, len(chunk)))
+    seconds = {name: [(t, len(trajs[i * CHUNK:(i + 1) * CHUNK])) for i, t in enumerate(chunks)]
+               for name, chunks in interleaved(fns, trajs, CHUNK).items()}
     per_prompt = {k: sum(t for t, _ in v) / len(trajs) for k, v in seconds.items()}
     tokens = [sum(len(t.prompt_token_ids) + len(r) for r in t.responses) for t in trajs]
     ratios = {"factored_over_plain": per_prompt["factored"] / per_prompt["plain"],
