@@ -29,7 +29,7 @@ re-scored at every step): ``against_the_exact_target``, the effect of the refres
 ``filter_cost_ratio`` = the filtered runs' mean ``filter_s`` per step / the unfiltered run's mean
 ``step_s`` (the worse of iif and ippo). Medians are reported beside the means.
 
-    python benchmarks/online_filter.py [--steps 20] --out benchmarks/results
+    python benchmarks/online_filter.py [--steps 20] [--projection tensorsketch] --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ from cropi.trainers.filters import OnlineFilterOptions
 
 SETTINGS = dict(lr=3e-4, batch_prompts=8, rollouts=8, max_new_tokens=4, kl_coef=0.0)
 PROJECTION = {"kind": "factored", "factor_in": 16, "factor_out": 16}
+# --projection tensorsketch: the scoring spec, whose ranking fidelity is measured (the factored kind's is not)
+PROJECTIONS = {"factored": PROJECTION, "tensorsketch": {"kind": "tensorsketch", "dim": 4096}}
 GOAL = 0.3
 VALIDATION_REFRESH = OnlineFilterOptions().validation_refresh  # the trainer's default: the run measures it
 
@@ -54,15 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--projection", choices=sorted(PROJECTIONS), default="factored",
+                   help="the filters' projection; not 'factored' writes online_filter_<projection>.json")
     a = p.parse_args(argv)
+    projection = PROJECTIONS[a.projection]
     import torch
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         data = _data(Path(tmp))
         filters = {"none": {"policy": "none"},
-                   "iif": {"policy": "iif", "p": 0.25, "projection": PROJECTION},
-                   "ippo": {"policy": "ippo", "projection": PROJECTION, "validation_files": data["validation"]}}
+                   "iif": {"policy": "iif", "p": 0.25, "projection": projection},
+                   "ippo": {"policy": "ippo", "projection": projection, "validation_files": data["validation"]}}
         rows, checks, setup = _interleaved(filters, data["pool"], Path(tmp), a.steps)
     base = [r["step_s"] for r in rows["none"]]
     results = {"none": {"step_s_mean": statistics.fmean(base), "step_s_median": statistics.median(base),
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 "dropped_mean_exact_target": statistics.fmean(e for _, e in c["fresh_sizes"])}
     names = ("iif", "ippo")
     doc = {"benchmark": "online_filter", "model": "cropi demo warm-start (tiny Qwen2, shipped)",
-           "settings": SETTINGS | {"steps": a.steps, "torch_threads": 1, "projection": PROJECTION,
+           "settings": SETTINGS | {"steps": a.steps, "torch_threads": 1, "projection": projection,
                                    "validation_refresh": VALIDATION_REFRESH},
            "machine": platform.processor() or platform.machine(),
            "filter_cost_ratio": max(results[n]["filter_cost_ratio"] for n in names),
@@ -107,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
            "results": results}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "online_filter.json").write_text(json.dumps(doc, indent=1) + "\n")
+    name = "online_filter.json" if a.projection == "factored" else f"online_filter_{a.projection}.json"
+    (out / name).write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc, indent=1))
     return 0
 
