@@ -12,7 +12,7 @@ interleaved step by step so that load on the machine hits all of them alike:
   trainer's default ``validation_refresh``: one validation prompt re-scored a step, in turn).
 
 The filters use the factored projection (``PROJECTION``) on the batched path, and without KL the update's
-gradient comes from the filter's own forward and backward (cropi.trainers.filters.SharedUpdate). A step's
+gradient comes from the filter's own forward and backward (cropi.trainers.shared_update.SharedUpdate). A step's
 ``filter_s`` is then the filter's own work only: the projection hooks' seconds inside the shared pass,
 the I-PPO target's re-scoring pass, the scores and the drop set; the shared forward, backward and weight
 gradients are the update's (``update_s``). ``step_overhead_ratio`` checks that split end to end: the

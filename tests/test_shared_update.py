@@ -1,4 +1,4 @@
-"""The update formed from the online filter's own pass (cropi.trainers.filters.SharedUpdate) against an
+"""The update formed from the online filter's own pass (cropi.trainers.shared_update.SharedUpdate) against an
 independent brute force: every parameter's gradient, then the parameters after one AdamW step, against the
 lean trainer's own two-pass update on the same kept responses."""
 

@@ -38,7 +38,7 @@ the same pass over the validation rollouts.
 The update shares that pass (``select(..., aggregation=...)``, the lean trainer without a KL term):
 with ratio 1 and no KL, each response's share of the update's gradient is a known multiple of its
 POPI term's gradient (``update_weights``), and rows do not interact, so the pass keeps every
-parameter-owning module's input and output gradient (``_Tape``) and, once the drop set is known, forms
+parameter-owning module's input and output gradient (``Tape``) and, once the drop set is known, forms
 the kept responses' weighted weight gradient from them (``SharedUpdate``): no second forward or
 backward. A projection cannot be un-projected, so what is kept is the modules' own tensors, as the
 update's own backward would hold. With a KL term the update runs its own pass.
@@ -76,6 +76,7 @@ from cropi.gradients.popi import popi_response_terms
 from cropi.projection import ProjectionSpec, make_projector
 from cropi.projection.spec import is_batched
 from cropi.trainers.objective import group_advantages
+from cropi.trainers.shared_update import SharedUpdate, Tape, update_weights
 
 Policy = Literal["none", "ippo", "iif", "random"]
 
@@ -211,10 +212,10 @@ class GradientEngine:
 
     def rows(self, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], adv: torch.Tensor,
              behavior: Optional[Sequence[Optional[Sequence[float]]]] = None, *, pad_id: int = 0,
-             tape: bool = False) -> tuple[torch.Tensor, Optional["_Tape"]]:
+             tape: bool = False) -> tuple[torch.Tensor, Optional["Tape"]]:
         """``P g(z)`` of every row (n, k), rows of nonzero advantage only; ``behavior[i]``: row i's behavior
         log-probs (POPI's ratio), None for on-policy (ratio 1). ``tape`` (batched engine): one pass over all
-        rows, with every parameter-owning module's input and output gradient kept (``_Tape``)."""
+        rows, with every parameter-owning module's input and output gradient kept (``Tape``)."""
         behavior = list(behavior) if behavior is not None else [None] * len(seqs)
         if self.hooks is not None:
             return self._pass(seqs, adv, behavior, pad_id, tape)
@@ -297,7 +298,7 @@ class GradientEngine:
         return self._pass(resp.seqs, adv, beh or [None] * len(resp.seqs), resp.pad_id, False)[0]
 
     def _pass(self, seqs, adv: torch.Tensor, behavior: list, pad_id: int, tape: bool
-              ) -> tuple[torch.Tensor, Optional["_Tape"]]:
+              ) -> tuple[torch.Tensor, Optional["Tape"]]:
         """Projected ``g(z)`` of each row from one forward and one activation-only backward.
 
         The rows are left padded here (``cropi.gradients.batching.build_rows``, as the gradients job's
@@ -309,7 +310,7 @@ class GradientEngine:
         mb = build_rows([(p, r, b if b is not None else [0.0] * len(r)) for (p, r), b in zip(seqs, behavior)],
                         list(range(len(seqs))), pad_id)
         on_policy = torch.tensor([b is None for b in behavior], device=device)[:, None]
-        recorder = _Tape(mb.attention_mask.to(device)) if tape else None
+        recorder = Tape(mb.attention_mask.to(device)) if tape else None
         with self.hooks.capture(mb.attention_mask.to(device)) as cap, \
                 (recorder.record(self.model) if recorder else nullcontext()):
             lp = left_padded_logprobs(self.model, mb, device)
@@ -352,107 +353,11 @@ class _Clocked:
         return self._timed("embedding_block", *args)
 
 
-class _Tape:
-    """Every parameter-owning module's inputs and output gradient from one forward and one activation-only
-    backward, so that the weight gradient of any row-weighted sum of the rows' losses is formed after.
-
-    Rows do not interact, so the gradient of ``sum_r w_r L_r`` at a module's output is ``w_r delta_r`` on
-    row r (``delta`` that of ``sum_r L_r``), and every parameter's gradient is linear in it: for a linear
-    layer ``sum_r w_r delta_r^T x_r`` (bias: ``sum_r w_r delta_r`` over tokens); for the input embedding an
-    index_add of ``w_r delta_r`` at the row's tokens; for any other module (RMSNorm's weight, ...) the
-    vector-Jacobian product of its own forward, recomputed on its kept input, with ``w_r delta_r``.
-    Every module is assumed to map rows to rows along dim 0 (true of a decoder's layers). Padding
-    positions' output gradients are zeroed, so padding contributes nothing whatever the model does there.
-    """
-
-    def __init__(self, token_mask: torch.Tensor):
-        self.mask = token_mask
-        self.calls: list[list] = []  # [module, args, kwargs, output gradient (filled by the backward)]
-
-    @contextmanager
-    def record(self, model: torch.nn.Module):
-        handles = [m.register_forward_hook(self._forward, with_kwargs=True) for m in model.modules()
-                   if any(p.requires_grad for p in m.parameters(recurse=False))]
-        try:
-            yield self
-        finally:
-            for h in handles:
-                h.remove()
-
-    def _forward(self, module, args, kwargs, output):
-        if isinstance(output, torch.Tensor) and output.requires_grad:
-            call = [module, args, kwargs, None]
-            self.calls.append(call)
-            output.register_hook(lambda delta: call.__setitem__(3, delta))
-
-    def gradients(self, weights: torch.Tensor) -> dict[torch.nn.Parameter, torch.Tensor]:
-        """The gradient of ``sum_r weights[r] * loss_r`` for every trainable parameter of a module that ran."""
-        rows = torch.nonzero(weights).squeeze(1).to(self.mask.device)
-        every = rows.numel() == len(weights)  # no row to leave out: no copy of the kept tensors
-        # one factor per (row, token): the row's weight on its real tokens, 0 on padding
-        factor = (weights.to(self.mask.device)[:, None] * self.mask)[rows]
-        out: dict[torch.nn.Parameter, torch.Tensor] = {}
-        for module, args, kwargs, delta in self.calls:
-            params = {n: p for n, p in module.named_parameters(recurse=False) if p.requires_grad}
-            if delta is None or rows.numel() == 0:  # off the loss's path, or no row weighs: zero
-                parts = {n: torch.zeros_like(p) for n, p in params.items()}
-            else:
-                d = delta if every else delta[rows]
-                if d.dim() >= 3 and d.shape[1] <= factor.shape[1]:  # (rows, tokens, ...): the LM head sees the last
-                    d = d * factor[:, factor.shape[1] - d.shape[1]:].to(d.dtype)[..., None]
-                else:
-                    d = d * weights.to(d.device, d.dtype)[rows].reshape(-1, *[1] * (d.dim() - 1))
-                parts = self._module_grads(module, params, args, kwargs, d, None if every else rows)
-            for name, g in parts.items():
-                p = params[name]
-                out[p] = out[p] + g if p in out else g.to(p.dtype)
-        return out
-
-    def _module_grads(self, module, params, args, kwargs, d, rows) -> dict[str, torch.Tensor]:
-        n_rows = self.mask.shape[0]
-
-        def take(v):  # the kept rows of a per-row input (all of them when ``rows`` is None)
-            per_row = isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n_rows
-            return v[rows] if rows is not None and per_row else v
-
-        if isinstance(module, torch.nn.Linear):
-            x = take(args[0])
-            d2, x2 = d.reshape(-1, d.shape[-1]), x.reshape(-1, x.shape[-1]).to(d.dtype)
-            grads = {"weight": d2.T @ x2}
-            if "bias" in params:
-                grads["bias"] = d2.sum(0)
-            return {n: g for n, g in grads.items() if n in params}
-        if isinstance(module, torch.nn.Embedding) and list(params) == ["weight"]:
-            tokens = take(args[0]).reshape(-1)
-            g = torch.zeros_like(params["weight"], dtype=d.dtype).index_add_(0, tokens, d.reshape(-1, d.shape[-1]))
-            if module.padding_idx is not None:  # as F.embedding's backward: the padding row gets no gradient
-                g[module.padding_idx] = 0
-            return {"weight": g}
-        from torch.func import functional_call, vjp
-
-        names = list(params)
-        sliced = tuple(take(a) for a in args)
-        sliced_kw = {k: take(v) for k, v in kwargs.items()}
-        _, pullback = vjp(lambda *ps: functional_call(module, dict(zip(names, ps)), sliced, sliced_kw),
-                          *[params[n].detach() for n in names])
-        return dict(zip(names, pullback(d.to(params[names[0]].dtype))))
-
-
 def _picked_logprobs(logits: torch.Tensor, resp: Responses, device) -> torch.Tensor:
     """log pi of each response token (n, R) from full logits (n, L, V) of right-padded rows."""
     pos = resp.positions.to(device)[..., None].expand(-1, -1, logits.shape[-1])
     picked = torch.log_softmax(logits.gather(1, pos).float(), dim=-1)
     return picked.gather(2, resp.targets.to(device)[..., None])[..., 0]
-
-
-@dataclass
-class SharedUpdate:
-    """The update's gradient over the kept responses, formed from the filter's own pass."""
-
-    grads: dict            # parameter -> gradient of the update's loss (every trainable parameter)
-    loss: float
-    tokens: float          # response tokens of the kept responses (the token-mean's denominator)
-    seconds: float         # the pass's time less the filter's own share (forward, backward, weight gradients)
 
 
 @dataclass
@@ -471,29 +376,6 @@ class FilterResult:
                 "influence_mean": float(self.influence.mean()) if n else 0.0,
                 "negative_fraction": float((self.influence < 0).double().mean()) if n else 0.0,
                 "filter_s": self.seconds, **({"shared_update": True} if self.update is not None else {})}
-
-
-def update_weights(lengths: torch.Tensor, keep: Sequence[int], aggregation: str) -> tuple[torch.Tensor, float]:
-    """Per buffer response, the multiple of its POPI loss term's gradient that is its share of the lean
-    update's gradient (0 for a dropped one), and the kept response tokens.
-
-    With ratio 1 and no KL (``cropi.trainers.objective.grpo_loss``), response r adds
-    ``-A_r sum_t grad log pi_t`` times ``1/N`` (token-mean, N the kept responses' tokens) or ``1/(n |y_r|)``
-    (seq-mean-token-mean, n kept responses); its POPI term's gradient is ``-(A_r/|y_r|) sum_t grad log pi_t``,
-    so the multiple is ``|y_r| / N`` or ``1 / n``. A zero-advantage response counts in N and n though its
-    gradient is 0."""
-    w = torch.zeros(len(lengths), dtype=torch.float64)
-    if not keep:
-        return w, 0.0
-    index = torch.tensor(list(keep), dtype=torch.long)
-    tokens = float(lengths[index].sum())
-    if aggregation == "token-mean":
-        w[index] = lengths[index].double() / max(tokens, 1.0)
-    elif aggregation == "seq-mean-token-mean":
-        w[index] = 1.0 / len(keep)
-    else:
-        raise ValueError(f"unknown aggregation {aggregation!r}: use token-mean or seq-mean-token-mean")
-    return w, tokens
 
 
 class OnlineFilter:

@@ -175,7 +175,7 @@ class _Run:
         if self.filter is not None:
             # filter: influence at the step's starting parameters; kept responses keep their full-group advantages.
             # Without a KL term the update's gradient is a weighted sum of the filter's per-response terms, so the
-            # filter's pass also yields it (cropi.trainers.filters.SharedUpdate): no second forward and backward
+            # filter's pass also yields it (cropi.trainers.shared_update.SharedUpdate): no second forward and backward
             share = self.ref is None or opts.kl_coef == 0
             result = self.filter.select(seqs, adv, aggregation=opts.aggregation if share and self._no_dropout else None)
             seqs, adv = [seqs[i] for i in result.keep], adv[torch.tensor(result.keep, dtype=torch.long)]
