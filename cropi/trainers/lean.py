@@ -113,7 +113,10 @@ class _Run:
         self.tokenizer = load_tokenizer(self.model_path)
         self.policy = load_causal_lm(self.model_path, device=device, attn_implementation="sdpa")
         self.ref = (load_causal_lm(self.reference, device=device, attn_implementation="sdpa")
-                    if opts.kl_coef > 0 else None)
+                    if opts.kl_coef > 0 else None)  # None: no KL term
+        # without KL the update's gradient is a weighted sum of an online filter's per-response terms, so the
+        # filter's pass also yields it (cropi.trainers.shared_update), where no dropout makes train mode differ
+        self.shares_update = self.ref is None and _no_dropout(self.policy)
         self.prompts = _stage_prompts(subset, self.tokenizer, opts)
         if len(self.prompts) < opts.batch_prompts:
             raise InvalidInputError(f"{subset} has {len(self.prompts)} prompts but a step takes batch_prompts="
@@ -174,10 +177,8 @@ class _Run:
         filtered, stop, shared = {}, False, None
         if self.filter is not None:
             # filter: influence at the step's starting parameters; kept responses keep their full-group advantages.
-            # Without a KL term the update's gradient is a weighted sum of the filter's per-response terms, so the
-            # filter's pass also yields it (cropi.trainers.shared_update.SharedUpdate): no second forward and backward
-            share = self.ref is None or opts.kl_coef == 0
-            result = self.filter.select(seqs, adv, aggregation=opts.aggregation if share and self._no_dropout else None)
+            # Where the update is shared (self.shares_update), no second forward and backward
+            result = self.filter.select(seqs, adv, aggregation=opts.aggregation if self.shares_update else None)
             seqs, adv = [seqs[i] for i in result.keep], adv[torch.tensor(result.keep, dtype=torch.long)]
             filtered, shared = result.row(), result.update
             threshold = opts.online_filter.early_stop_fraction
@@ -210,7 +211,7 @@ class _Run:
             return {"loss": 0.0, "grad_norm": 0.0, "kl": 0.0, "tokens": 0.0}
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.ref is None or opts.kl_coef == 0:
+        if self.ref is None:  # no KL term
             loss, stats = self._policy_gradient(seqs, adv)
         else:
             ids, attn, mask = _right_pad(seqs, self.sampler.pad_id, self.policy.device)
@@ -258,16 +259,6 @@ class _Run:
         norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.opts.grad_clip)
         self.optimizer.step()
         return {"loss": shared.loss, "grad_norm": float(norm), "kl": 0.0, "tokens": shared.tokens}
-
-    @property
-    def _no_dropout(self) -> bool:
-        """True when the policy computes the same in train and eval mode: the shared pass runs in the mode the
-        sampler left (eval), and gives the train-mode update's gradient only where no dropout acts."""
-        import torch
-
-        cfg = self.policy.config
-        return (all(m.p == 0 for m in self.policy.modules() if isinstance(m, torch.nn.Dropout))
-                and not any(getattr(cfg, k, 0) for k in ("attention_dropout", "hidden_dropout", "dropout")))
 
     def evaluate(self, step: int, *, stage_end: bool = True) -> None:
         """The eval files at ``step``; the stage-eval files too at step 0 and at a stage's end."""
@@ -377,6 +368,16 @@ def _right_pad(seqs: list[tuple[list[int], list[int]]], pad_id: int, device):
 def _step_seed(seed: int, step: int) -> int:
     digest = hashlib.blake2b(f"cropi.lean:{seed}:{step}".encode(), digest_size=7).digest()
     return int.from_bytes(digest, "big")
+
+
+def _no_dropout(policy) -> bool:
+    """True when the policy computes the same in train and eval mode: the shared pass runs in the mode the
+    sampler left (eval), and gives the train-mode update's gradient only where no dropout acts."""
+    import torch
+
+    cfg = policy.config
+    return (all(m.p == 0 for m in policy.modules() if isinstance(m, torch.nn.Dropout))
+            and not any(getattr(cfg, k, 0) for k in ("attention_dropout", "hidden_dropout", "dropout")))
 
 
 class _PromptOrder:
