@@ -525,8 +525,7 @@ class _Validation:
 
     def mean_gradient(self, engine: GradientEngine) -> torch.Tensor:
         """Mean over the set's prompts of P g(s), g(s) = -(1/K) sum_k (1/|y_k|) sum_t rho A (POPI), fresh."""
-        k = len(self.advantages) // self.n_prompts
-        return engine.summed(self.responses, self.advantages, self.behavior) / (k * self.n_prompts)
+        return engine.summed(self.responses, self.advantages, self.behavior) / (self.rollouts * self.n_prompts)
 
 
 @contextmanager
