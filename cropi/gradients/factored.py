@@ -9,8 +9,9 @@ padded tokens, whatever prompt they belong to. A micro-batch's loss is
     L = sum_rows -(1/K_s) (1/|y_k|) sum_t rho_{k,t} A_k        (row k of prompt s; POPI's terms)
 
 so the gradient of L at a row's tokens is that of its own prompt's POPI loss (a packed row's
-prompt tokens get the sum over its responses, as the prompt's loss does): rows share no tokens, padding is masked out of the attention and of the hooks, and each row carries
-its prompt's 1/K and its own 1/|y_k|. The hooks (``cropi.gradients.hooks``) give each row's
+prompt tokens get the sum over its responses, as the prompt's loss does): rows share no tokens,
+padding is masked out of the attention and of the hooks, and each row carries its prompt's 1/K
+and its own 1/|y_k|. The hooks (``cropi.gradients.hooks``) give each row's
 factored block; a prompt's vector is the sum of its rows' blocks, over whichever
 micro-batches they fell in. No weight gradient is formed (the model's weights are frozen
 here: the computer owns ``requires_grad``, as the per-prompt one does).
