@@ -20,7 +20,7 @@ from cropi.pipeline.requests import ScoreRequest
 from cropi.projection.spec import ProjectionSpec
 
 from ..base.paths import confine_tree
-from .caller import CurriculumOptions, Projection, ScoringOptions
+from .caller import CurriculumOptions, Fraction, Projection, ScoringOptions, Stages
 from .derive import set_fields
 from .requests import MAX_PATH, Strict
 
@@ -66,8 +66,8 @@ class ScoringParams(JobParams):
 
 
 class CurriculumParams(JobParams):
-    stages: int = Field(ge=1, le=100)
-    fraction: float = Field(gt=0, le=1)
+    stages: Stages  # the request's bounds, judged again at job start
+    fraction: Fraction
     options: Optional[CurriculumOptions] = None
 
     def library_config(self) -> CurriculumConfig:
