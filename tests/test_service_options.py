@@ -83,6 +83,38 @@ def test_a_curriculum_caller_may_ask_for_a_per_stage_refresh_within_the_librarys
         caller.CurriculumOptions.model_validate({"refresh": {"budget": 0.2, "out": "/etc"}})
 
 
+def test_a_curriculum_requests_stages_and_fraction_are_the_librarys_fields():
+    """The request's own ``stages`` and ``fraction`` restate nothing: their bounds, defaults and descriptions are
+    the library's (``stages`` under the shared server's tighter bound, stated once in ``caller``), and the job's
+    stored parameters judge them alike at job start."""
+    from annotated_types import Le
+
+    from cropi.pipeline.curriculum.config import MAX_STAGES
+    from cropi_service.options.derive import library_field
+    from cropi_service.options.params import CurriculumParams
+    from cropi_service.options.requests import CurriculumCreate
+
+    assert caller.MAX_STAGES <= MAX_STAGES
+    for model in (CurriculumCreate, CurriculumParams):
+        for mine, theirs, tighter in (("stages", "stages", [Le(caller.MAX_STAGES)]),
+                                      ("fraction", "select_fraction", [])):
+            field, library = model.model_fields[mine], CurriculumConfig.model_fields[theirs]
+            assert field.annotation is library.annotation and field.metadata == [*library.metadata, *tighter]
+            assert field.description == library.description
+            if model is CurriculumCreate:
+                assert field.default == library.default
+    body = {"name": "cur", "path": "m", "pool": "ds_1", "validation": ["ds_2"]}
+    assert CurriculumCreate.model_validate(body | {"stages": caller.MAX_STAGES}).stages == caller.MAX_STAGES
+    with pytest.raises(ValidationError, match=f"less than or equal to {caller.MAX_STAGES}"):
+        CurriculumCreate.model_validate(body | {"stages": caller.MAX_STAGES + 1})
+    with pytest.raises(ValidationError, match="greater than 0"):  # the library's own bound
+        CurriculumCreate.model_validate(body | {"fraction": 0})
+    # ``fraction`` is a name the library accepts for select_fraction: the service spells none of its own
+    assert "fraction" in CurriculumConfig.model_fields["select_fraction"].validation_alias.choices
+    with pytest.raises(TypeError, match="not accepted as 'share'"):
+        library_field(CurriculumConfig, "select_fraction", name="share")
+
+
 # A library edit the service has never seen: a bounded number, and a free-form path.
 LIBRARY_EDIT = '''    new_knob: int = Field(3, ge=0, le=9, description="a new collection setting")
     new_path: str = Field("x", description="a new file to read")

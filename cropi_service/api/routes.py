@@ -13,6 +13,7 @@ from fastapi.responses import FileResponse
 
 import cropi
 from cropi.contracts import NAME_MAX
+from cropi.pipeline.curriculum.config import MAX_STAGES  # any stage the library writes
 
 from ..domain.service import Service, job_view
 from .middleware import ANONYMOUS, hold_answer
@@ -198,6 +199,6 @@ def get_curriculum(curriculum_id: Id, request: Request) -> dict:
 @router.get("/v1/curricula/{curriculum_id}/stages/{index}/subset", tags=["curricula"], response_class=FileResponse,
             responses={200: {"content": {PARQUET: {"schema": {"type": "string", "format": "binary"}}},
                              "description": "the stage's training subset as verl RLVR parquet"}})
-def get_stage_subset(curriculum_id: Id, index: Annotated[int, Path(ge=0, le=1000)], request: Request) -> FileResponse:
+def get_stage_subset(curriculum_id: Id, index: Annotated[int, Path(ge=0, le=MAX_STAGES)], request: Request) -> FileResponse:
     path = service(request).stage_subset(curriculum_id, index)
     return FileResponse(path, media_type=PARQUET, filename=f"{curriculum_id}-stage{index}.parquet")

@@ -19,12 +19,13 @@ from cropi.pipeline.curriculum.config import CurriculumConfig
 from cropi.pipeline.requests import RefreshOptions, ScoreRequest
 from cropi.projection.spec import ProjectionSpec
 from cropi.trainers.trl import NAME as TRL, TrlOptions
-from cropi.trainers.verl import NAME as VERL, VerlOptions
+from cropi.trainers.verl_overrides import NAME as VERL, VerlOptions
 
-from .derive import Policy, caller_model
+from .derive import Policy, caller_model, library_field
 
 # a shared server's limits
 MAX_SAMPLES = 256  # responses per prompt (the library allows 4096 for its sampler's statistical checks)
+MAX_STAGES = 100  # stages of one curriculum (the library allows cropi.pipeline.curriculum.config.MAX_STAGES)
 MAX_CONTEXT = 131_072  # tokens of prompt and response
 SEED = (Le(2**31 - 1),)
 SAMPLES = (Le(MAX_SAMPLES),)
@@ -96,5 +97,10 @@ CurriculumOptions = caller_model(CurriculumConfig, Policy(
             "trainer": Annotated[Union[TrlTraining, VerlTraining], Field(discriminator="name")]}),
     name="CurriculumOptions")
 
-__all__ = ["Collect", "CurriculumOptions", "Engine", "Loss", "Projection", "Refresh", "ScoringOptions", "TrlTraining",
-           "VerlTraining"]
+# A curriculum request carries two library fields beside its options: ``stages``, and ``fraction`` (a
+# name the library accepts for its ``select_fraction``). Their type, bounds and description are the library's.
+Stages = library_field(CurriculumConfig, "stages", Le(MAX_STAGES), name="stages")
+Fraction = library_field(CurriculumConfig, "select_fraction", name="fraction")
+
+__all__ = ["Collect", "CurriculumOptions", "Engine", "Fraction", "Loss", "Projection", "Refresh", "ScoringOptions",
+           "Stages", "TrlTraining", "VerlTraining"]

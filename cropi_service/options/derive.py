@@ -93,6 +93,24 @@ def caller_model(library: type[BaseModel], policy: Policy = Policy(), *, name: s
                         __validators__=validators, **fields, **(extra or {}))
 
 
+def library_field(library: type[BaseModel], key: str, *tighter: Any, name: str | None = None) -> Any:
+    """The type of ``library``'s field ``key`` for a request field that stands for it: the library's type,
+    bounds and description, plus the ``tighter`` bounds of a shared server (the library's still apply, so
+    they can only narrow). ``name``, the request's name for it, must be one the library accepts: the
+    service spells no name of its own."""
+    info = library.model_fields[key]
+    alias = info.validation_alias
+    accepted = {key, *(c for c in getattr(alias, "choices", [alias]) if isinstance(c, str))}
+    if name is not None and name not in accepted:
+        raise TypeError(f"{library.__name__}.{key} is not accepted as {name!r}: use one of {sorted(accepted)}")
+    return Annotated[(info.annotation, *info.metadata, *tighter, Field(description=info.description))]
+
+
+def library_default(library: type[BaseModel], key: str) -> Any:
+    """The library's default of field ``key`` (a request field that stands for it defaults alike)."""
+    return library.model_fields[key].get_default(call_default_factory=True)
+
+
 def _through(library: type[BaseModel]):
     def check(self: BaseModel) -> BaseModel:
         try:

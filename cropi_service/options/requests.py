@@ -10,8 +10,10 @@ from typing import Annotated, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from cropi.contracts import NAME_HELP, NAME_MAX, NAME_PATTERN
+from cropi.pipeline.curriculum.config import CurriculumConfig
 
-from .caller import CurriculumOptions, Projection, ScoringOptions
+from .caller import CurriculumOptions, Fraction, Projection, ScoringOptions, Stages
+from .derive import library_default
 
 ID_MAX = 64  # the ids the service hands out (ds_..., ck_..., job ids) are shorter
 MAX_PATH = 4096  # PATH_MAX on Linux
@@ -51,7 +53,7 @@ class CurriculumCreate(Strict):
     path: str = Field(min_length=1, max_length=MAX_PATH, description="initial model folder under a data root")
     pool: str = Field(max_length=ID_MAX, description="id of a pool dataset")
     validation: list[Id] = Field(min_length=1, max_length=16)
-    stages: int = Field(default=3, ge=1, le=100)
-    fraction: float = Field(default=0.1, gt=0, le=1, description="share of the pool selected per stage")
+    stages: Stages = library_default(CurriculumConfig, "stages")
+    fraction: Fraction = library_default(CurriculumConfig, "select_fraction")
     projection: Optional[Projection] = None
     options: Optional[CurriculumOptions] = Field(default=None, description="method, trainer and collection options")
