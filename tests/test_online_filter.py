@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from cropi.data import write_jsonl, write_verl_parquet
+from cropi.gradients.engine import GradientEngine, Responses
 from cropi.models import build_tiny_model, load_causal_lm
 from cropi.projection import ProjectionSpec
 from cropi.rewards import register_reward
 from cropi.tasks.skills import make_splits
 from cropi.trainers import TrainerOptionsError, make_trainer
-from cropi.trainers.filters import GradientEngine, OnlineFilter, OnlineFilterOptions, Responses, drop_set
+from cropi.trainers.filters import OnlineFilter, OnlineFilterOptions, drop_set
 
 NOISY = "test_online_noisy"
 IDENTITY = ProjectionSpec(kind="identity", kept_fraction=1.0)

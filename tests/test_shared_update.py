@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from cropi.gradients.engine import GradientEngine, Responses
 from cropi.models import build_tiny_model, load_causal_lm
 from cropi.projection import ProjectionSpec
-from cropi.trainers.filters import GradientEngine, OnlineFilter, OnlineFilterOptions, Responses, _Validation
+from cropi.trainers.filters import OnlineFilter, OnlineFilterOptions, _Validation
 from cropi.trainers.lean import LeanOptions, _Run
 
 FACTORED = ProjectionSpec(kind="factored", factor_in=4, factor_out=3, seed=2)
