@@ -27,7 +27,7 @@ import torch
 from support.gradients import LAYOUTS, PACKED_TOL, brute_force_grad, make_traj, tiny_model, use_layout
 
 from cropi.gradients import LossOptions, make_computer
-from cropi.gradients.factored import FactoredComputer
+from cropi.gradients.batched import BatchedComputer
 from cropi.projection import ProjectionSpec, TensorSketchProjector, make_projector
 from cropi.projection.dense import dense_block
 from cropi.utils.hashing import coord_hash, name_key, top_bits
@@ -59,7 +59,7 @@ def two_prompts():
 
 def batched_vectors(model, spec, trajs):
     comp = make_computer(model, make_projector(spec, shapes_of(model)), LossOptions())
-    assert isinstance(comp, FactoredComputer)  # the batched path
+    assert isinstance(comp, BatchedComputer)  # the batched path
     return comp.vectors([comp._prepare(t) for t in trajs])
 
 

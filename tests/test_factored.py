@@ -13,7 +13,7 @@ from support.gradients import LAYOUTS, PACKED_TOL, brute_force_grad, make_traj, 
 
 from cropi.errors import InvalidInputError
 from cropi.gradients import LossOptions, make_computer
-from cropi.gradients.factored import FactoredComputer
+from cropi.gradients.batched import BatchedComputer
 from cropi.projection import FactoredProjector, ProjectionSpec, make_projector
 from cropi.projection.dense import dense_block
 from cropi.utils.hashing import name_key
@@ -113,7 +113,7 @@ def prompts(seed=0):
 
 def factored_vectors(model, spec, trajs, **opts):
     comp = make_computer(model, make_projector(spec, shapes_of(model)), LossOptions(**opts))
-    assert isinstance(comp, FactoredComputer)
+    assert isinstance(comp, BatchedComputer)
     prepared = [comp._prepare(t) for t in trajs]
     return comp.vectors(prepared), comp
 
@@ -193,7 +193,7 @@ def test_hooks_refuse_a_weight_of_another_kind_of_module():
     with pytest.raises(InvalidInputError, match="a weight of Embedding"):
         make_computer(model, make_projector(SPEC, shapes_of(model)))
     spec = SPEC.model_copy(update={"exclude": "extra"})
-    assert isinstance(make_computer(model, make_projector(spec, shapes_of(model))), FactoredComputer)
+    assert isinstance(make_computer(model, make_projector(spec, shapes_of(model))), BatchedComputer)
 
 
 @pytest.mark.gpu

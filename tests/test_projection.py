@@ -198,6 +198,40 @@ def test_spec_record_round_trip_and_tamper_detection():
     assert issubclass(SpecMismatchError, CropiError)
 
 
+def test_every_kind_has_one_projector_class_and_an_unknown_kind_is_refused_by_name():
+    """One table maps kind -> class (a kind the spec accepts without a class fails here, not in a run);
+    a kind it does not know is refused with the known ones named, never projected as some other kind."""
+    import typing
+
+    from cropi.projection.factory import PROJECTORS, UnknownKindError
+
+    kinds = typing.get_args(ProjectionSpec.model_fields["kind"].annotation)
+    assert set(PROJECTORS) == set(kinds)
+    stray = ProjectionSpec.model_construct(**{**ProjectionSpec(kind="identity").model_dump(), "kind": "fancy"})
+    with pytest.raises(UnknownKindError) as info:
+        make_projector(stray, SHAPES)
+    assert "'fancy'" in str(info.value) and all(k in str(info.value) for k in kinds)
+    assert isinstance(info.value, CropiError)
+
+
+def test_batchedness_is_the_kinds_own_and_the_projectors_read_it():
+    """Whether a kind runs on the batched hook path is stated once (BATCHED_KINDS); a projector's
+    ``hook_path`` is that statement, and the batched kinds share one base (which parameters they take)."""
+    from cropi.projection.factory import PROJECTORS
+    from cropi.projection.layers import LayerProjector
+    from cropi.projection.spec import BATCHED_KINDS
+
+    for kind, cls in PROJECTORS.items():
+        assert issubclass(cls, LayerProjector) == (kind in BATCHED_KINDS), kind
+        assert "hook_path" not in vars(cls), kind  # no second statement on a class
+    shapes = {"layer.weight": (6, 5), "layer.bias": (6,)}
+    for kind in ("sjlt", *BATCHED_KINDS):
+        fields = dict(factor_in=2, factor_out=2) if kind == "factored" else dict(dim=8)
+        proj = make_projector(ProjectionSpec(kind=kind, **fields), shapes)
+        assert proj.hook_path == (kind in BATCHED_KINDS)
+        assert proj.param_names == (["layer.weight"] if kind in BATCHED_KINDS else list(shapes))
+
+
 # -------------------------------------------------------------- brute force --
 @pytest.mark.parametrize("kind", ALL_KINDS)
 @pytest.mark.parametrize("fraction", [0.4, 1.0])

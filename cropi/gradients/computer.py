@@ -5,8 +5,8 @@ budget with gradient accumulation), then the projector maps the parameter
 gradients to a k-vector. The computer owns ``requires_grad`` on the model: only
 the parameters the projection spec covers get gradients, which saves work.
 
-``make_computer`` picks the computer a spec needs: this one, or for the
-``factored`` kind the batched one (``cropi.gradients.factored``), which gets many
+``make_computer`` picks the computer a spec needs: this one, or for the batched kinds
+(``factored``, ``tensorsketch``) the batched one (``cropi.gradients.batched``), which gets many
 prompts' vectors from one backward. Both have ``compute`` (one prompt) and
 ``compute_many`` (a list; ``prompts_per_call`` at a time is what callers feed).
 """
@@ -116,9 +116,9 @@ def make_computer(model: torch.nn.Module, projector, options: LossOptions | None
     from cropi.projection.spec import is_batched
 
     if is_batched(projector.spec):
-        from cropi.gradients.factored import FactoredComputer
+        from cropi.gradients.batched import BatchedComputer
 
-        return FactoredComputer(model, projector, options)
+        return BatchedComputer(model, projector, options)
     return GradientComputer(model, projector, options)
 
 

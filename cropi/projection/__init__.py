@@ -22,6 +22,7 @@ _TORCH_PARTS = {
     "Projector": "cropi.projection.base",
     "SJLTProjector": "cropi.projection.sjlt",
     "TensorSketchProjector": "cropi.projection.tensorsketch",
+    "UnknownKindError": "cropi.projection.factory",
     "make_projector": "cropi.projection.factory",
 }
 __getattr__ = lazy_exports(__name__, _TORCH_PARTS)

@@ -28,7 +28,7 @@ import torch
 
 from cropi.errors import InvalidInputError
 from cropi.projection.inputs import ProjectionInputError, check_shape, collect_grads
-from cropi.projection.spec import ProjectionSpec
+from cropi.projection.spec import ProjectionSpec, is_batched
 from cropi.utils.hashing import coord_hash, name_key, top_bits
 
 DEFAULT_CHUNK = 2**22
@@ -109,6 +109,12 @@ class Projector(abc.ABC):
     @property
     def spec(self) -> ProjectionSpec:
         return self._spec
+
+    @property
+    def hook_path(self) -> bool:
+        """Whether the batched hooks (cropi.gradients.hooks) compute this projector's vectors: its kind's
+        batchedness, stated once (cropi.projection.spec.BATCHED_KINDS)."""
+        return is_batched(self._spec)
 
     @property
     def out_dim(self) -> int:

@@ -28,27 +28,17 @@ refuse a selected parameter used by any other kind of module (exclude it).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from cropi.errors import InvalidInputError
-from cropi.projection.base import Piece, Projector
 from cropi.projection.dense import dense_block
 from cropi.projection.inputs import collect_grads
+from cropi.projection.layers import LayerProjector, group_sum
 
 IN_STREAM, OUT_STREAM = 1, 2
 
 
-def group_sum(values: torch.Tensor, groups: torch.Tensor | None) -> torch.Tensor:
-    """Rows of ``values`` summed by ``groups`` (row -> group 0..max); the rows themselves when None."""
-    if groups is None:
-        return values
-    out = torch.zeros(int(groups.max()) + 1, *values.shape[1:], dtype=values.dtype, device=values.device)
-    return out.index_add_(0, groups, values)
-
-
-class FactoredProjector(Projector):
+class FactoredProjector(LayerProjector):
     """Per-layer ``P_out G P_in^T`` blocks, concatenated; see the module docstring."""
 
     def __init__(self, *args, **kwargs):
@@ -59,22 +49,9 @@ class FactoredProjector(Projector):
         self._offsets = {name: i * self.block_size for i, name in enumerate(self.param_names)}
         self._mats: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def selects(self, name: str) -> bool:
-        """The spec's filter, restricted to 2-d ``.weight`` parameters."""
-        shape = self._all.get(name)
-        is_weight = name.endswith("weight") and (shape is None or len(shape) == 2)
-        return is_weight and super().selects(name)
-
     @property
     def out_dim(self) -> int:
         return len(self.param_names) * self.block_size
-
-    @property
-    def n_kept(self) -> int:
-        return self.n_coords  # nothing is subsampled
-
-    def kept_count(self, name: str) -> int:
-        return math.prod(self._shapes[name])
 
     def offset(self, name: str) -> int:
         """Where the block of ``name`` starts in the output vector."""
@@ -105,8 +82,6 @@ class FactoredProjector(Projector):
         return out
 
     # -- the batched hook path (cropi.gradients.hooks): one layer's share of each row's vector ------
-    hook_path = True
-
     def keep_input(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """What the forward pass keeps of layer ``name``'s input ``x`` (rows, tokens, in): ``P_in x_t``."""
         return x @ self.matrices(name, device=x.device, dtype=x.dtype)[1]
@@ -129,6 +104,3 @@ class FactoredProjector(Projector):
         block = torch.einsum("bta,btc->bac", rows, g @ pin)
         start = self._offsets[name]
         return start, start + self.block_size, group_sum(block.reshape(block.shape[0], -1), groups)
-
-    def _apply(self, out: torch.Tensor, values: torch.Tensor, piece: Piece, key: int) -> None:
-        raise NotImplementedError("FactoredProjector.project does not go through kept-coordinate pieces")

@@ -1,4 +1,4 @@
-"""``make_projector``: the projector a spec names."""
+"""``make_projector``: the projector a spec names, from one table of kind -> class."""
 
 from __future__ import annotations
 
@@ -6,13 +6,38 @@ from typing import Mapping
 
 import torch
 
+from cropi.errors import InvalidInputError
 from cropi.projection.base import DEFAULT_CHUNK, Projector
 from cropi.projection.dense import DEFAULT_BLOCK_ELEMS, DenseProjector
 from cropi.projection.factored import FactoredProjector
 from cropi.projection.identity import IdentityProjector
 from cropi.projection.sjlt import SJLTProjector
-from cropi.projection.tensorsketch import TensorSketchProjector
 from cropi.projection.spec import ProjectionSpec
+from cropi.projection.tensorsketch import TensorSketchProjector
+
+# Every kind ProjectionSpec accepts, and the class that projects it (tests/test_projection.py checks the
+# two lists agree, so a kind added to the spec without a class here fails a test, not a run).
+PROJECTORS: dict[str, type[Projector]] = {
+    "sjlt": SJLTProjector,
+    "gaussian": DenseProjector,
+    "rademacher": DenseProjector,
+    "identity": IdentityProjector,
+    "factored": FactoredProjector,
+    "tensorsketch": TensorSketchProjector,
+}
+
+
+class UnknownKindError(InvalidInputError):
+    """A spec names a projection kind no projector implements."""
+
+
+def projector_class(kind: str) -> type[Projector]:
+    """The class that projects ``kind``; refuses a kind it does not know, naming the known ones."""
+    try:
+        return PROJECTORS[kind]
+    except (KeyError, TypeError):
+        raise UnknownKindError(f"unknown projection kind {kind!r}; the known kinds are: "
+                               f"{', '.join(PROJECTORS)}") from None
 
 
 def make_projector(spec: ProjectionSpec, param_shapes: Mapping[str, tuple[int, ...]],
@@ -26,13 +51,6 @@ def make_projector(spec: ProjectionSpec, param_shapes: Mapping[str, tuple[int, .
     bounds the dense kinds' generated blocks. None of these change the result
     beyond float32 rounding.
     """
-    common = dict(device=device, cache=cache, chunk_coords=chunk_coords)
-    if spec.kind == "sjlt":
-        return SJLTProjector(spec, param_shapes, **common)
-    if spec.kind == "factored":
-        return FactoredProjector(spec, param_shapes, **common)
-    if spec.kind == "tensorsketch":
-        return TensorSketchProjector(spec, param_shapes, **common)
-    if spec.kind in ("gaussian", "rademacher"):
-        return DenseProjector(spec, param_shapes, max_block_elems=max_block_elems, **common)
-    return IdentityProjector(spec, param_shapes, **common)
+    cls = projector_class(spec.kind)
+    options = {"max_block_elems": max_block_elems} if issubclass(cls, DenseProjector) else {}  # dense kinds only
+    return cls(spec, param_shapes, device=device, cache=cache, chunk_coords=chunk_coords, **options)

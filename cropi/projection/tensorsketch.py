@@ -41,9 +41,8 @@ import math
 import torch
 
 from cropi.errors import InvalidInputError
-from cropi.projection.base import Piece, Projector
-from cropi.projection.factored import group_sum
 from cropi.projection.inputs import collect_grads
+from cropi.projection.layers import LayerProjector, group_sum
 from cropi.utils.hashing import coord_hash, top_bits
 
 IN_STREAM, OUT_STREAM = 3, 4
@@ -58,30 +57,14 @@ def group_rows(groups: torch.Tensor) -> list[torch.Tensor]:
     return list(torch.split(order, counts))
 
 
-class TensorSketchProjector(Projector):
+class TensorSketchProjector(LayerProjector):
     """One shared ``dim``-vector: every projected layer's gradient TensorSketched into it."""
-
-    hook_path = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.spec.kind != "tensorsketch":
             raise InvalidInputError(f"TensorSketchProjector needs kind 'tensorsketch', got {self.spec.kind!r}")
         self._hashes: dict[tuple, tuple[torch.Tensor, ...]] = {}
-
-    def selects(self, name: str) -> bool:
-        """The spec's filter, restricted to 2-d ``.weight`` parameters (as the factored kind)."""
-        shape = self._all.get(name)
-        is_weight = name.endswith("weight") and (shape is None or len(shape) == 2)
-        return is_weight and super().selects(name)
-
-    @property
-    def n_kept(self) -> int:
-        return self.n_coords  # nothing is subsampled
-
-    def kept_count(self, name: str) -> int:
-        out_f, in_f = self._shapes[name]
-        return out_f * in_f
 
     def hashes(self, name: str, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(h_out, s_out, h_in, s_in)`` of layer ``name``: int64 buckets in [0, dim) and +-1 signs (float32)."""
@@ -184,6 +167,3 @@ class TensorSketchProjector(Projector):
         flat = (rows[:, None, None] * self.out_dim + bucket).reshape(-1)  # (group, bucket) as one index
         out = torch.zeros(n * self.out_dim, dtype=g.dtype, device=g.device).index_add_(0, flat, values.reshape(-1))
         return 0, self.out_dim, out.reshape(n, self.out_dim)
-
-    def _apply(self, out: torch.Tensor, values: torch.Tensor, piece: Piece, key: int) -> None:
-        raise NotImplementedError("TensorSketchProjector.project does not go through kept-coordinate pieces")

@@ -89,7 +89,7 @@ PACKED_TOL = dict(rtol=1e-6, atol=1e-6)
 
 def use_layout(monkeypatch, layout: str) -> None:
     """Force the batched computer's choice of layout (its own rule, ``should_pack``, decides otherwise)."""
-    import cropi.gradients.factored as batched
+    import cropi.gradients.batched as batched
 
     assert layout in LAYOUTS
     monkeypatch.setattr(batched, "should_pack", lambda *args, **kwargs: layout == "packed")

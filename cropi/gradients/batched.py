@@ -11,13 +11,13 @@ padded tokens, whatever prompt they belong to. A micro-batch's loss is
 so the gradient of L at a row's tokens is that of its own prompt's POPI loss (a packed row's
 prompt tokens get the sum over its responses, as the prompt's loss does): rows share no tokens,
 padding is masked out of the attention and of the hooks, and each row carries its prompt's 1/K
-and its own 1/|y_k|. The hooks (``cropi.gradients.hooks``) give each row's
-factored block; a prompt's vector is the sum of its rows' blocks, over whichever
+and its own 1/|y_k|. The hooks (``cropi.gradients.hooks``) give each row's share (a factored
+block, or a TensorSketch); a prompt's vector is the sum of its rows' shares, over whichever
 micro-batches they fell in. No weight gradient is formed (the model's weights are frozen
 here: the computer owns ``requires_grad``, as the per-prompt one does).
 
 Prompts whose advantages are all zero get a forward pass only (their ESS), as in the
-per-prompt path. ``raw_norm`` is the norm of the factored vector, an unbiased estimate of
+per-prompt path. ``raw_norm`` is the norm of the projected vector, an unbiased estimate of
 the full gradient's squared norm (the full gradient itself is never formed).
 """
 
@@ -61,8 +61,8 @@ class _Prompt:
         return self.truncated != "prompt" and bool(torch.any(self.adv != 0))
 
 
-class FactoredComputer:
-    """``compute_many(trajs)``: each prompt's factored POPI vector, rows of many prompts per backward."""
+class BatchedComputer:
+    """``compute_many(trajs)``: each prompt's projected POPI vector, rows of many prompts per backward."""
 
     prompts_per_call = PROMPTS_PER_CALL
 
@@ -91,7 +91,7 @@ class FactoredComputer:
         return [self._record(p, vectors[i]) for i, p in enumerate(prompts)]
 
     def vectors(self, prompts: Sequence[_Prompt]) -> torch.Tensor:
-        """Each prompt's factored vector (n, out_dim), in float32 or the model's wider dtype; sets ``log_w``."""
+        """Each prompt's projected vector (n, out_dim), in float32 or the model's wider dtype; sets ``log_w``."""
         dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
         out = torch.zeros(len(prompts), self.projector.out_dim, dtype=dtype, device=self.device)
         for p in prompts:
