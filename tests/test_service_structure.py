@@ -1,6 +1,6 @@
 """The service's shape: the HTTP process imports no torch, job targets are real functions, the
-library never imports the service, cropi_service's floors import only downwards and without circles,
-and ``cropi serve`` is the service's entry point."""
+library never imports the service, cropi_service's floors and the library's layers import only
+downwards and without circles, and ``cropi serve`` is the service's entry point."""
 
 from __future__ import annotations
 
@@ -15,6 +15,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SERVICE = REPO / "cropi_service"
 FLOORS = ("base", "options", "jobs", "domain", "api", "entry")  # bottom up: each imports only from below
+# The library's layers, bottom up (docs/architecture.md): a module imports its own layer or lower ones.
+LAYERS = (("errors", "contracts", "utils"),
+          ("projection", "store", "scoring"),
+          ("gradients", "selection", "data", "rewards", "models", "tasks"),
+          ("generation", "trainers"),
+          ("pipeline",),
+          ("demo",),
+          ("cli", "cli_args"))
 
 
 def module_name(path: Path) -> str:
@@ -82,6 +90,41 @@ def test_every_service_import_runs_down_the_floors():
     assert graph["cropi_service.api.app"] >= {"cropi_service.domain.service"}  # the walk sees relative imports
     upward = sorted(f"{m} -> {i}" for m, imports in graph.items() for i in imports if floor(i) > floor(m))
     assert not upward, upward
+
+
+def layer(module: str) -> int | None:
+    """The library layer of ``module`` (None for the ``cropi`` package itself, which imports nothing)."""
+    parts = module.split(".")
+    return next((i for i, names in enumerate(LAYERS) if len(parts) > 1 and parts[1] in names), None)
+
+
+def named_modules(path: Path) -> set[str]:
+    """Library modules ``path`` names in a string (``"cropi.x.y"`` or ``"cropi.x.y:attr"``): what lazy
+    exports and registries import by name when first asked, which the import walk does not see."""
+    return {node.value.partition(":")[0] for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and node.value.startswith("cropi.") and _is_module(node.value.partition(":")[0])}
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {i}" for m, imports in graph.items() for i in imports
+                  if layer(m) is not None and layer(i) is not None and layer(i) > layer(m))
+
+
+def test_every_library_import_runs_down_the_layers():
+    library = REPO / "cropi"
+    graph = import_graph(library)
+    for path in library.rglob("*.py"):
+        graph[module_name(path)] |= named_modules(path)
+    unplaced = sorted({m.split(".")[1] for m in graph if m != "cropi" and layer(m) is None})
+    assert not unplaced, f"give {unplaced} a layer in LAYERS (and docs/architecture.md)"
+    # the walk sees imports inside functions and by name, so a lazy import cannot hide one going up
+    assert "cropi.gradients.engine" in graph["cropi.trainers.filters"]
+    assert "cropi.gradients.computer" in graph["cropi.gradients"]
+    assert upward({"cropi.gradients.engine": {"cropi.trainers.shared_update"}}) == \
+        ["cropi.gradients.engine -> cropi.trainers.shared_update"]
+    found = upward(graph)
+    assert not found, found
 
 
 @pytest.mark.parametrize("package", ["cropi_service", "cropi"])
