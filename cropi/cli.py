@@ -35,11 +35,19 @@ def _collect_args(p):
 
 
 def _shard_args(p):
+    from cropi.pipeline.distribute import RayPlacement
+
     p.add_argument("--shard", default="0/1", help="I/N: this worker's share of the prompts (default: %(default)s)")
     p.add_argument("--ray", metavar="ADDRESS", help="run --workers shards as Ray tasks ('local' starts Ray here) (default: none, run here)")
-    p.add_argument("--workers", type=int, default=2, help="Ray workers, with --ray (default: %(default)s)")
-    p.add_argument("--gpus-per-worker", type=float, default=None,
-                   help="GPUs per Ray worker, with --ray (default: 1 when the cluster has GPUs, else 0)")
+    add_model_args(p, RayPlacement, skip=("address",))  # --workers, --gpus-per-worker: a job file's defaults
+
+
+def _placement(a):
+    """The Ray placement the flags name (the fields left out keep RayPlacement's defaults)."""
+    from cropi.pipeline.distribute import RayPlacement
+
+    given = {k: v for k, v in vars(a).items() if k in RayPlacement.model_fields}
+    return _validated(RayPlacement, {**given, "address": a.ray})
 
 
 def _shard(a):
@@ -63,8 +71,7 @@ def _run_job(a, fn, job):
     if a.ray:
         from cropi.pipeline.distribute import run_sharded
 
-        return run_sharded(fn, job, workers=a.workers, address=a.ray, gpus_per_worker=a.gpus_per_worker,
-                           progress=_bar(a))
+        return run_sharded(fn, job, _placement(a), progress=_bar(a))
     return fn(job, _bar(a))
 
 

@@ -100,7 +100,7 @@ def test_collect_on_a_separate_cluster_from_another_folder(cluster, tmp_path):
 
 
 def test_a_worker_without_gpus_sees_none(cluster, monkeypatch):
-    from cropi.pipeline.distribute import run_sharded
+    from cropi.pipeline.distribute import RayPlacement, run_sharded
     from pydantic import BaseModel
 
     class Probe(BaseModel):
@@ -110,7 +110,7 @@ def test_a_worker_without_gpus_sees_none(cluster, monkeypatch):
     monkeypatch.setenv("HOME", _HOME)
     ray.init(address=cluster, log_to_driver=False)
     try:
-        results = run_sharded(_visible_devices, Probe(), workers=2, address=cluster)
+        results = run_sharded(_visible_devices, Probe(), RayPlacement(workers=2, address=cluster))
     finally:
         ray.shutdown()
     assert results == [{"cuda": "", "shard": [0, 2]}, {"cuda": "", "shard": [1, 2]}]

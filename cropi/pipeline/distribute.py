@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Annotated, Callable, Literal, Optional, Union
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from cropi.errors import InvalidInputError
 from cropi.pipeline.progress import Progress, report
@@ -27,20 +27,33 @@ INPUT_PATHS = ("model", "prompts", "trajectories")
 OUTPUT_PATHS = ("out", "store")
 
 
-def run_sharded(fn: Callable[[BaseModel], dict], job: BaseModel, *, workers: int, address: str = "local",
-                gpus_per_worker: Optional[float] = None, cpus_per_worker: float = 1.0,
-                progress: Progress | None = None) -> list[dict]:
+class RayPlacement(BaseModel):
+    """Where a shardable job's shards run: the one spelling of these settings and their defaults, read by
+    the CLI's flags (``--ray``, ``--workers``, ``--gpus-per-worker``) and by job files (``"ray": {...}``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str = Field("local", description="Ray cluster address; 'local' starts Ray here")
+    workers: int = Field(2, ge=1, le=4096, description="Ray workers, one shard each")
+    gpus_per_worker: Union[Literal["auto"], Annotated[float, Field(ge=0)]] = Field(
+        "auto", description="GPUs per Ray worker ('auto': 1 when the cluster has GPUs, else 0)")
+
+    def gpus(self, resources: dict) -> float:
+        """GPUs each worker asks for on a cluster with ``resources`` (``ray.cluster_resources()``)."""
+        return default_gpus(resources) if self.gpus_per_worker == "auto" else float(self.gpus_per_worker)
+
+
+def run_sharded(fn: Callable[[BaseModel], dict], job: BaseModel, placement: Optional[RayPlacement] = None, *,
+                cpus_per_worker: float = 1.0, progress: Progress | None = None) -> list[dict]:
     """Run ``fn(job with shard=(i, workers))`` for every i as Ray tasks; results in shard order.
 
-    ``gpus_per_worker``: default 1 when the cluster has GPUs, else 0. A worker with
-    no GPU sees none (``CUDA_VISIBLE_DEVICES=""``): Ray leaves the variable unset for
+    ``placement`` (default: ``RayPlacement()``) names the cluster, the workers and their GPUs. A
+    worker with no GPU sees none (``CUDA_VISIBLE_DEVICES=""``): Ray leaves the variable unset for
     such tasks, and torch would then put every one of them on GPU 0.
     ``progress`` hears ``("workers", done, total)`` as shards finish.
     """
-    if workers < 1:
-        raise InvalidInputError(f"workers must be at least 1, got {workers}")
-    if gpus_per_worker is not None and gpus_per_worker < 0:
-        raise InvalidInputError(f"gpus_per_worker must be >= 0, got {gpus_per_worker}")
+    placement = placement or RayPlacement()
+    workers, address = placement.workers, placement.address
     progress = report(progress)
     try:
         import ray
@@ -52,7 +65,7 @@ def run_sharded(fn: Callable[[BaseModel], dict], job: BaseModel, *, workers: int
         ray.init(address=None if address == "local" else address, include_dashboard=False,
                  log_to_driver=False, ignore_reinit_error=True)
     try:
-        gpus = default_gpus(ray.cluster_resources()) if gpus_per_worker is None else gpus_per_worker
+        gpus = placement.gpus(ray.cluster_resources())
         env = {} if gpus else {"CUDA_VISIBLE_DEVICES": ""}
         task = ray.remote(num_gpus=gpus, num_cpus=cpus_per_worker, max_retries=2,
                           runtime_env={"env_vars": env} if env else None)(_call)

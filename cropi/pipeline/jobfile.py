@@ -27,20 +27,11 @@ from cropi.errors import InvalidInputError, format_validation_error
 from cropi.pipeline.collect import CollectJob
 from cropi.pipeline.curriculum import CurriculumConfig
 from cropi.pipeline.compute_gradients import GradientJob
+from cropi.pipeline.distribute import RayPlacement  # a job file's "ray": the CLI's placement, same defaults
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.rank import RankRequest
 from cropi.pipeline.refresh import RefreshJob
 from cropi.pipeline.score import ScoreRequest
-
-
-class RayPlacement(BaseModel):
-    """Spread a shardable job over Ray workers (see cropi.pipeline.distribute)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    address: str = Field("local", description="Ray cluster address; 'local' starts Ray here")
-    workers: int = Field(2, ge=1, le=4096)
-    gpus_per_worker: float = Field(0.0, ge=0)
 
 
 class _Closed(BaseModel):
@@ -114,8 +105,7 @@ def run_job_file(job: JobFile, progress: Progress | None = None):
         if job.ray is not None:
             from cropi.pipeline.distribute import run_sharded
 
-            return run_sharded(fn, job.job, workers=job.ray.workers, address=job.ray.address,
-                               gpus_per_worker=job.ray.gpus_per_worker)
+            return run_sharded(fn, job.job, job.ray, progress=progress)
         return fn(job.job, progress)
     if isinstance(job, RankJobFile):
         res = job.request.run()
