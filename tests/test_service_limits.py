@@ -4,6 +4,7 @@ runner on one root, duplicate Authorization headers, registrations piling up."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -74,6 +75,59 @@ def test_batches_beyond_the_heavy_slots_wait_then_get_429_while_single_lookups_g
             svc.heavy.release()
         r = env.post(f"/v1/checkpoints/{ck}/gradients:batch", json={"prompt_ids": ["p01", "p02"]})
         assert r.status_code == 200
+
+
+def test_designed_refusals_are_logged_below_error(tmp_path, caplog):
+    """A refusal by design is no fault: a caller's 429 is logged at info, the server's 503 at warning, whether
+    the route refused (the error handler) or the admission check did (middleware); level error stays empty."""
+    app, fake = _env(tmp_path, heavy_requests=1, heavy_wait_s=0.1)
+    caplog.set_level(logging.DEBUG, logger="cropi_service")
+    with TestClient(app) as client:
+        env = Env(tmp_path, client, fake)
+        ck = _ready(env)
+        svc, batch = app.state.service, f"/v1/checkpoints/{ck}/gradients:batch"
+        caplog.clear()
+        assert svc.heavy.try_acquire()  # one batch being made: the next waits its time, then 429
+        try:
+            assert env.post(batch, json={"prompt_ids": ["p01"]}).status_code == 429
+        finally:
+            svc.heavy.release()
+        ledger = svc.answers
+        held = ledger.reserve("someone else", ledger.max_bytes - 1, check=False)
+        try:  # admitted (the server is not quite full), then the batch's own reservation is refused: 503
+            r = env.post(batch, json={"prompt_ids": ["p01"]})
+            assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded", r.text
+            held.resize(ledger.max_bytes)  # full: the admission check refuses any request
+            assert env.get("/v1/datasets").status_code == 503
+        finally:
+            held.release()
+    mine = [r for r in caplog.records if r.name.startswith("cropi_service")]
+    assert not [r for r in mine if r.levelno >= logging.ERROR], [r.getMessage() for r in mine]
+    refused = [(r.levelno, r.status, r.path) for r in mine if r.getMessage() == "request refused"]
+    assert refused == [(logging.INFO, 429, batch), (logging.WARNING, 503, batch),
+                       (logging.WARNING, 503, "/v1/datasets")]
+    messages = [r.error for r in mine if r.getMessage() == "request refused"]  # what was refused, and why
+    assert "heavy_requests" in messages[0] and all("answer_memory_mb" in m for m in messages[1:])
+
+
+def test_metrics_answer_while_the_admission_check_refuses_other_requests(tmp_path):
+    """A scrape is what the operator needs when the answers in flight fill the server: /metrics, like
+    /healthz, is never refused for their memory (it still needs the token)."""
+    app, fake = _env(tmp_path)
+    with TestClient(app) as client:
+        env = Env(tmp_path, client, fake)
+        ledger = app.state.service.answers
+        held = ledger.reserve("someone else", ledger.max_bytes, check=False)
+        try:
+            r = env.get("/v1/datasets")
+            assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+            metrics = env.get("/metrics")
+            assert metrics.status_code == 200 and "cropi_" in metrics.text
+            assert client.get("/metrics").status_code == 401
+            assert client.get("/healthz").status_code == 200
+        finally:
+            held.release()
+        assert env.get("/v1/datasets").status_code == 200
 
 
 def test_three_splits_cycled_through_the_service_read_only_the_asked_batches(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import cropi
 from cropi.errors import CropiError, format_validation_error
 
+from ..base.errors import BusyError
 from ..base.settings import ServiceSettings
 from ..domain.library import CropiLibrary, Library
 from ..domain.registry import Registry
@@ -22,7 +23,7 @@ from ..domain.service import Service
 from ..jobs.runner import Runner
 from ..jobs.table import JobStore
 from .metrics import Metrics
-from .middleware import AccessLog, AnswerFlow, BearerAuth, BodyLimit, HotPaths
+from .middleware import AccessLog, AnswerFlow, BearerAuth, BodyLimit, HotPaths, log_refusal
 from .routes import HOT_READS, router
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(CropiError)
     async def cropi_error(request: Request, exc: CropiError) -> JSONResponse:
-        if exc.http_status >= 500:
+        if isinstance(exc, BusyError):  # designed: a bound on work or memory in flight, not a fault
+            log_refusal(request.url.path, exc)
+        elif exc.http_status >= 500:
             log.error("request failed", extra={"path": request.url.path, "code": exc.code, "error": str(exc)})
         response = error_response(exc.http_status, exc.code, str(exc))
         if getattr(exc, "retry_after_s", None) is not None:  # a 429: when trying again makes sense

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..base.errors import OverloadedError
 from ..base.settings import ServiceSettings
+from .middleware import log_refusal
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ def refusal_app(max_connections: int, retry_after_s: int):
     async def refuse(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
+        log_refusal(scope["path"], err)
         await send({"type": "http.response.start", "status": err.http_status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"retry-after", str(retry_after_s).encode()), (b"connection", b"close")]})

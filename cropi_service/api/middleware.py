@@ -28,7 +28,18 @@ Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz"})  # answered without a token
+# Never refused for the memory of answers in flight: small answers the operator needs most when the server
+# is full (the metrics still need a token).
+UNMETERED_PATHS = OPEN_PATHS | {"/metrics"}
+
+
+def log_refusal(path: str, err: BusyError) -> None:
+    """A designed refusal is no fault: a caller's bound (429) is logged at info, the server's (503) at
+    warning; level error stays for faults, so a flood of clients does not fill it."""
+    level = logging.WARNING if err.http_status >= 500 else logging.INFO
+    log.log(level, "request refused", extra={"path": path, "status": err.http_status, "code": err.code,
+                                              "retry_after_s": err.retry_after_s, "error": str(err)})
 
 
 async def send_error(send: Send, status: int, code: str, message: str, headers: list | None = None) -> None:
@@ -129,19 +140,20 @@ class AnswerFlow:
     - A client that reads nothing is closed by the server's protocol after ``stall_timeout_s``
       (``api.connections``): its pending send then returns, which ends the count.
 
-    The health check is never refused."""
+    The health check and the metrics are never refused."""
 
     def __init__(self, app: ASGIApp, ledger: AnswerLedger):
         self.app, self.ledger = app, ledger
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in UNMETERED_PATHS:
             return await self.app(scope, receive, send)
         state = scope.setdefault("state", {})
         caller = state.get("caller") or ANONYMOUS
         try:
             self.ledger.admit(caller)
         except BusyError as e:
+            log_refusal(scope["path"], e)
             retry = [(b"retry-after", str(e.retry_after_s).encode())]
             return await send_error(send, e.http_status, e.code, str(e), retry)
 
