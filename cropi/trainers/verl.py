@@ -47,7 +47,7 @@ from cropi.errors import ConflictError, InvalidInputError, MismatchError, NotFou
 from cropi.trainers.base import StageResult, TrainerAdapter, TrainingFailedError, check_stage_args
 from cropi.trainers.lineage import StageMarker, read_marker, write_marker
 # the options and their overrides: public here too, where the trainer registry and callers find verl
-from cropi.trainers.verl_overrides import (ENTRY_POINT, MERGER, NAME, PYTHON_ENV, REWARD_FUNCTION,  # noqa: F401
+from cropi.trainers.verl_overrides import (ENTRY_POINT, MERGER, NAME, PYTHON_ENV, REWARD_FUNCTION,
                                            VERL_DEFAULT_REWARD, VerlOptions, default_run_dir, hydra_value,
                                            merge_command, verl_command, verl_overrides)
 from cropi.utils.fsio import atomic_write_bytes, resolve, write_json_atomic
@@ -316,5 +316,5 @@ def summarize_metrics(path: str | Path, start_step: int, runtime: float) -> dict
 
 
 __all__ = ["VerlOptions", "VerlTrainer", "verl_command", "verl_overrides", "merge_command", "hydra_value",
-           "preflight", "detect_attention",
-           "latest_step", "default_run_dir", "summarize_metrics", "VERL_DEFAULT_REWARD"]
+           "preflight", "detect_attention", "latest_step", "default_run_dir", "summarize_metrics", "ENTRY_POINT",
+           "MERGER", "NAME", "PYTHON_ENV", "REWARD_FUNCTION", "VERL_DEFAULT_REWARD"]
