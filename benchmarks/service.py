@@ -32,8 +32,6 @@ import os
 import platform
 import random
 import secrets
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,6 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from cmdline import command_line  # noqa: E402 (benchmarks/ is the script's folder)
+from serving import (RssSampler, closed_loop, free_port, open_loop, percentiles, start_server,  # noqa: E402
+                     stop_server)
 from cropi.projection import ProjectionSpec  # noqa: E402
 from cropi.store import CheckpointRef, GradientStore  # noqa: E402
 from cropi_service.jobs.table import JobStore  # noqa: E402
@@ -183,68 +183,6 @@ def register(settings: ServiceSettings, spec_id: str, names: list[str]) -> list[
     return out
 
 
-class RssSampler:
-    """The server process's resident set size, sampled every ``every`` seconds in a thread."""
-
-    def __init__(self, pid: int, every: float = 0.1):
-        import threading
-
-        self.pid, self.every, self.samples = pid, every, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                status = Path(f"/proc/{self.pid}/status").read_text()
-            except OSError:
-                return
-            kb = next((int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("VmRSS")), None)
-            if kb is not None:
-                self.samples.append(kb / 1024)
-            self._stop.wait(self.every)
-
-    def stop(self) -> dict:
-        self._stop.set()
-        self._thread.join()
-        a = np.asarray(self.samples or [0.0])
-        return {"server_rss_max_mb": round(float(a.max()), 1), "server_rss_samples": len(self.samples),
-                "server_rss_median_mb": round(float(np.median(a)), 1), "server_rss_last_mb": round(float(a[-1]), 1)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(root: Path, port: int, token_file: Path, log: Path,
-                 env: dict[str, str] | None = None) -> subprocess.Popen:
-    """`cropi serve` on ``root`` (``env`` added to this process's: the server's settings), once /healthz answers."""
-    cmd = [sys.executable, "-m", "cropi_service", "serve", "--root", str(root), "--port", str(port),
-           "--token-file", str(token_file), "--workers", "0"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})})
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"the server did not come up; see {log}")
-
-
-def percentiles(samples: list[float]) -> dict[str, float]:
-    a = np.asarray(samples) * 1000
-    return {"n": len(a), "p50_ms": round(float(np.percentile(a, 50)), 2),
-            "p99_ms": round(float(np.percentile(a, 99)), 2), "max_ms": round(float(a.max()), 2)}
-
-
 def timed(client, method: str, url: str, **kw) -> tuple[float, object]:
     t = time.perf_counter()
     r = client.request(method, url, **kw)
@@ -286,101 +224,6 @@ def sequential(base: str, token: str, cks: list[str], pool_ids: list[str], total
             [timed(c, "POST", f"/v1/checkpoints/{ck}/gradients:batch", json=batch(),
                    headers={"Accept": "application/vnd.apache.arrow.stream"})[0] for _ in range(repeats // 4)])
     return out
-
-
-async def _send(c, kind: str, cks: list[str], rng: random.Random, pool_ids: list[str], total: int):
-    ck = rng.choice(cks)  # mixed over the checkpoints served together
-    if kind == "ranking":
-        return await c.get(f"/v1/checkpoints/{ck}/ranking",
-                           params={"offset": rng.randrange(0, total - 1000), "limit": 1000})
-    return await c.get(f"/v1/checkpoints/{ck}/gradients/{rng.choice(pool_ids)}")
-
-
-def _summary(latencies: dict[str, list[float]], errors: dict[str, int], wall: float) -> dict:
-    done = sum(len(v) for v in latencies.values())
-    return {"seconds": round(wall, 1), "requests": done, "requests_per_s": round(done / wall, 1),
-            "errors": sum(errors.values()), "error_kinds": errors,
-            "ranking_page_1000": percentiles(latencies["ranking"]) if latencies["ranking"] else None,
-            "gradient_lookup_json": percentiles(latencies["gradient"]) if latencies["gradient"] else None}
-
-
-def _clients(base: str, token: str, n: int) -> list:
-    """``n`` async clients of one connection each."""
-    import httpx
-
-    return [httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60,
-                              limits=httpx.Limits(max_connections=1)) for _ in range(n)]
-
-
-async def open_loop(base: str, token: str, cks: list[str], pool_ids: list[str], total: int, clients: int,
-                    rate: float, duration: float) -> dict:
-    """``clients`` clients (one connection each) offering ``rate`` requests/s in total, half ranking
-    pages and half gradient lookups, each on its own Poisson schedule. A latency counts from the
-    moment the request was due, so time spent queued behind a slow answer is in it (no
-    coordinated omission)."""
-    import httpx
-
-    latencies: dict[str, list[float]] = {"ranking": [], "gradient": []}
-    errors: dict[str, int] = {}
-    loop = asyncio.get_running_loop()
-    conns = _clients(base, token, clients)  # made before the clock starts: a client costs ~20 ms of CPU to make
-    start = loop.time() + 0.5
-    stop_at = start + duration
-    per_client = rate / clients
-
-    async def client(i: int) -> None:
-        rng = random.Random(1000 + i)
-        async with conns[i] as c:
-            due = start + rng.expovariate(per_client)
-            while due < stop_at:
-                await asyncio.sleep(max(0.0, due - loop.time()))
-                kind = "ranking" if rng.random() < 0.5 else "gradient"
-                try:
-                    r = await _send(c, kind, cks, rng, pool_ids, total)
-                    ok, key = r.status_code == 200, str(r.status_code)
-                except httpx.HTTPError as e:
-                    ok, key = False, type(e).__name__
-                if ok:
-                    latencies[kind].append(loop.time() - due)
-                else:
-                    errors[key] = errors.get(key, 0) + 1
-                due += rng.expovariate(per_client)
-
-    await asyncio.gather(*(client(i) for i in range(clients)))
-    out = _summary(latencies, errors, duration)
-    return {"clients": clients, "offered_rps": rate, "duration_s": duration, **out}
-
-
-async def closed_loop(base: str, token: str, cks: list[str], pool_ids: list[str], total: int, clients: int,
-                      duration: float) -> dict:
-    """``clients`` clients each sending its next request as soon as the last one answered: the
-    maximum throughput, with the latencies it costs."""
-    import httpx
-
-    latencies: dict[str, list[float]] = {"ranking": [], "gradient": []}
-    errors: dict[str, int] = {}
-    conns = _clients(base, token, clients)
-    stop_at = time.monotonic() + duration
-
-    async def client(i: int) -> None:
-        rng = random.Random(i)
-        async with conns[i] as c:
-            while time.monotonic() < stop_at:
-                kind = "ranking" if rng.random() < 0.5 else "gradient"
-                t = time.perf_counter()
-                try:
-                    r = await _send(c, kind, cks, rng, pool_ids, total)
-                    ok, key = r.status_code == 200, str(r.status_code)
-                except httpx.HTTPError as e:
-                    ok, key = False, type(e).__name__
-                if ok:
-                    latencies[kind].append(time.perf_counter() - t)
-                else:
-                    errors[key] = errors.get(key, 0) + 1
-
-    start = time.monotonic()
-    await asyncio.gather(*(client(i) for i in range(clients)))
-    return {"clients": clients, **_summary(latencies, errors, time.monotonic() - start)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -447,12 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         report["server_ok_after"] = httpx.get(f"{base}/healthz").status_code == 200
     finally:
         report |= rss.stop()
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server)
     report["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     load = report["load"]
     report["goal"] = (f"open loop, {a.clients} clients, {a.rate:g} requests/s offered, mixed over {a.checkpoints} "

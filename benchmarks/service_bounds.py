@@ -11,7 +11,7 @@ starts the real server (``python -m cropi_service serve``, settings by CROPI_SER
    gradients batch (10,000, or as many as max_response_mb allows) and never reads the answer; every
    ``stall_timeout_s`` + 1 s it does it again on a new connection (an attacker that keeps at it).
    Beside them: the usual open loop (``--clients`` 50 at ``--rate`` 200 requests/s, half ranking
-   pages of 1,000, half gradient lookups, over the three checkpoints: benchmarks/service.py) and a
+   pages of 1,000, half gradient lookups, over the three checkpoints: benchmarks/serving.py) and a
    ``/healthz`` probe every 20 ms on its own connection, in a process of its own (as are the
    attackers: the load generator's work must not delay the probe). Then ``--batch-clients`` clients (60) that
    send 10k-id Arrow batches back to back and read them (issue 26's W2), in a second phase beside the
@@ -41,7 +41,6 @@ import re
 import secrets
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,21 +51,13 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-import service as bench  # noqa: E402 (benchmarks/service.py: the store, the open loop, RSS sampling)
+import service as bench  # noqa: E402 (benchmarks/service.py: the synthetic store)
+from serving import RssSampler, free_port, open_loop, percentiles, start_server, stop_server  # noqa: E402
 from cropi.projection import ProjectionSpec  # noqa: E402
 from cropi_service.base.settings import ServiceSettings  # noqa: E402
 from cropi_service.domain.views import record_bytes_bound  # noqa: E402
 
 ARROW = "application/vnd.apache.arrow.stream"
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def server_bounds(base: str, token: str) -> dict:
@@ -148,7 +139,7 @@ async def healthz_probe(base: str, stop_at: float, every: float = 0.02) -> dict:
             except httpx.HTTPError as e:
                 errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
             due += every
-    return {"every_ms": every * 1000, **bench.percentiles(took), "errors": errors}
+    return {"every_ms": every * 1000, **percentiles(took), "errors": errors}
 
 
 async def batch_client(base: str, token: str, ck_ids: list[str], pool_ids: list[str], batch: int, stop_at: float,
@@ -223,7 +214,7 @@ def attack(base: str, port: int, tokens: dict[str, str], cks: list[str], pool_id
     for p in procs:
         p.start()
     time.sleep(max(0.0, start + 1.0 - time.time()))  # the attackers' first batches are in before the load
-    load = asyncio.run(bench.open_loop(base, tokens["good"], cks, pool_ids, total, a.clients, a.rate, a.duration))
+    load = asyncio.run(open_loop(base, tokens["good"], cks, pool_ids, total, a.clients, a.rate, a.duration))
     out = {"load": load, "healthz": queues["probe"].get(timeout=600), **queues["attackers"].get(timeout=600)}
     for p in procs:
         p.join(60)
@@ -243,9 +234,9 @@ def stalled_phase(a: argparse.Namespace, cache: Path, built: dict, spec: Project
     tokens = {k: secrets.token_hex(16) for k in ("good", "stalled", "batch")}
     token_file = a.out / "tokens"
     token_file.write_text("\n".join(tokens.values()) + "\n")
-    port = bench.free_port()
-    server = bench.start_server(root, port, token_file, a.out / "server-stalled.log", env)
-    rss = bench.RssSampler(server.pid)
+    port = free_port()
+    server = start_server(root, port, token_file, a.out / "server-stalled.log", env)
+    rss = RssSampler(server.pid)
     base = f"http://127.0.0.1:{port}"
     out: dict = {"batch_ids": batch, "batch_arrow_mb": round(batch * a.dim * 2 / 2**20, 1),
                  "settings": {k: getattr(settings, k) for k in (
@@ -303,9 +294,9 @@ def cycle_run(a: argparse.Namespace, cache: Path, spec: ProjectionSpec, names: l
     cks = bench.register(settings, spec.spec_id, names)
     token = secrets.token_hex(16)
     (a.out / f"token-{label}").write_text(token)
-    port = bench.free_port()
-    server = bench.start_server(root, port, a.out / f"token-{label}", a.out / f"server-cycle-{label}.log", env)
-    rss = bench.RssSampler(server.pid)
+    port = free_port()
+    server = start_server(root, port, a.out / f"token-{label}", a.out / f"server-cycle-{label}.log", env)
+    rss = RssSampler(server.pid)
     base = f"http://127.0.0.1:{port}"
     out: dict = {"settings": {"ranking_cache_mb": settings.ranking_cache_mb,
                               "ranking_views_mb": settings.ranking_views_mb}, "by_checkpoints": {}}
@@ -327,8 +318,8 @@ def cycle_run(a: argparse.Namespace, cache: Path, spec: ProjectionSpec, names: l
                               params={"offset": rng.randrange(0, ranked - 1000), "limit": 1000})
                     took.append(time.perf_counter() - t)
                     r.raise_for_status()
-                out["by_checkpoints"][str(n)] = {"ranking_page_1000": bench.percentiles(took),
-                                                 "first_pages": bench.percentiles(first),
+                out["by_checkpoints"][str(n)] = {"ranking_page_1000": percentiles(took),
+                                                 "first_pages": percentiles(first),
                                                  "bounds": server_bounds(base, token)}
     finally:
         out |= rss.stop()

@@ -31,7 +31,6 @@ import os
 import platform
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -43,11 +42,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.service import (NAME, VALIDATION, closed_loop, open_loop, percentiles, register,  # noqa: E402
-                                write_report, write_split)
-from cropi.pipeline.rank import rank  # noqa: E402
+from service import NAME, register, write_checkpoint, write_report  # noqa: E402 (benchmarks/: the script's folder)
+from serving import closed_loop, free_port, open_loop, percentiles, start_server, stop_server  # noqa: E402
 from cropi.projection import ProjectionSpec  # noqa: E402
-from cropi.store import GradientStore  # noqa: E402
 from cropi_service.base.settings import ServiceSettings  # noqa: E402
 
 TOKEN = "hotpath-benchmark-token"
@@ -55,15 +52,11 @@ DEFAULT_BASELINE = "0dd36ba"  # the service before the fast path (README: online
 
 
 def build(root: Path, prompts: int, dim: int) -> tuple[str, int]:
-    """The store and a scored checkpoint; returns (checkpoint id, ranked prompts)."""
+    """The store and a scored checkpoint (benchmarks/service.py's synthetic one); returns (checkpoint id,
+    ranked prompts)."""
     settings = ServiceSettings(root=root)
-    store = GradientStore(str(settings.store))
-    spec = ProjectionSpec(dim=dim)
-    write_split(store, spec, "pool", prompts, dim, 0, "p")
-    for j, v in enumerate(VALIDATION):
-        write_split(store, spec, v, 100, dim, 1 + j, f"{v}-")
-    ranking = rank(str(settings.store), NAME, "pool", list(VALIDATION), top_fraction=0.1, spec_id=spec.spec_id)
-    return register(settings, spec.spec_id), int((ranking.table["rank"].to_numpy() > 0).sum())
+    built = write_checkpoint(settings.store, ProjectionSpec(dim=dim), NAME, prompts, 100, dim, seed=0)
+    return register(settings, ProjectionSpec(dim=dim).spec_id, [NAME])[0], built["ranked"]
 
 
 def extract_baseline(rev: str, into: Path) -> Path:
@@ -149,31 +142,12 @@ def in_process(root: Path, baseline_pkg: Path, ck: str, ranked: int, prompts: in
 
 # 2. real servers
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(root: Path, code: Path, token_file: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    import httpx
-
+    """The service in the folder ``code`` (the working tree, or the baseline's) on a port of its own."""
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), str(REPO)]))
+    env = {"PYTHONPATH": os.pathsep.join([str(code), str(REPO)])}
     package = "services" if (code / "services").is_dir() else "cropi_service"  # the folder's name before 19
-    proc = subprocess.Popen([sys.executable, "-m", package, "serve", "--root", str(root), "--port", str(port),
-                             "--token-file", str(token_file), "--workers", "0"], cwd=code, env=env,
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"the server did not come up; see {log}")
+    return start_server(root, port, token_file, log, env, code=code, package=package), f"http://127.0.0.1:{port}"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -225,7 +199,7 @@ def servers(root: Path, baseline: Path, ck: str, ranked: int, prompts: int, a: a
         for k in ("old", "new", "old", "new"):
             pid = procs[k][0].pid
             c0, p0 = cpu_seconds(pid), time.process_time()
-            r = asyncio.run(closed_loop(procs[k][1], TOKEN, ck, pool_ids, ranked, a.clients, a.duration))
+            r = asyncio.run(closed_loop(procs[k][1], TOKEN, [ck], pool_ids, ranked, a.clients, a.duration))
             r["server_cpu_ms_per_request"] = round((cpu_seconds(pid) - c0) / max(1, r["requests"]) * 1000, 3)
             # the load generator's own CPU: on a 2-core machine it competes with the server
             r["client_cpu_ms_per_request"] = round((time.process_time() - p0) / max(1, r["requests"]) * 1000, 3)
@@ -235,19 +209,14 @@ def servers(root: Path, baseline: Path, ck: str, ranked: int, prompts: int, a: a
         for k in ("old", "new"):
             pid = procs[k][0].pid
             c0, p0 = cpu_seconds(pid), time.process_time()
-            r = asyncio.run(open_loop(procs[k][1], TOKEN, ck, pool_ids, ranked, a.clients, a.rate, a.duration))
+            r = asyncio.run(open_loop(procs[k][1], TOKEN, [ck], pool_ids, ranked, a.clients, a.rate, a.duration))
             r["server_cpu_ms_per_request"] = round((cpu_seconds(pid) - c0) / max(1, r["requests"]) * 1000, 3)
             r["client_cpu_ms_per_request"] = round((time.process_time() - p0) / max(1, r["requests"]) * 1000, 3)
             opened[k] = r
         out["open_loop"] = opened
     finally:
         for proc, _ in procs.values():
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_server(proc)
     return out
 
 
