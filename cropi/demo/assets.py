@@ -31,7 +31,8 @@ def _task(task: TaskLike) -> Task:
 
 
 def asset_dir(task: TaskLike = BENCHMARK_TASK) -> Path:
-    return ASSETS / f"warmstart-{_task(task).name}"
+    task = _task(task)
+    return ASSETS / f"warmstart-{task.model_of or task.name}"
 
 
 def recipe(task: TaskLike = BENCHMARK_TASK, **overrides) -> WarmStartConfig:

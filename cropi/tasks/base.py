@@ -24,7 +24,7 @@ from cropi.tasks.sampling import TaskSizeError  # noqa: F401 (re-exported with t
 
 POOL, WARMSTART = "pool", "warmstart"
 # name -> "module:attribute"; imported only when asked for
-BUILTIN = {"lists": "cropi.tasks.lists:TASK", "skills": "cropi.tasks.skills:TASK"}
+BUILTIN = {"lists": "cropi.tasks.lists:TASK", "skills": "cropi.tasks.skills:TASK", "scarce": "cropi.tasks.scarce:TASK"}
 DEFAULT_TASK = "lists"
 
 Splits = dict[str, list[PromptRecord]]
@@ -60,6 +60,8 @@ class Task:
     # name -> record -> value: latent features a selection may skew toward (a shortcut the targets
     # share), checked for every stage subset beside the answer labels (cropi.scoring.diagnostics.field_skew)
     fields: Mapping[str, Callable[[PromptRecord], str]] = field(default_factory=dict)
+    # the built-in task whose shipped model is this one's initial model (the same recipe and warm-start set)
+    model_of: str = ""
 
     def __post_init__(self) -> None:
         missing = [s for s in [POOL, WARMSTART, *self.target_splits()] if s not in self.sizes]
