@@ -18,7 +18,7 @@ from cropi.pipeline.rank import load_ranking
 from cropi.store import GradientStore
 from cropi.contracts import POOL
 from cropi.pipeline.requests import store_path
-from support.service_e2e import scoring, PROJECTION, SPLITS, world, reference, Server, alive, _worker_pid
+from support.service_e2e import world, reference, Server, _worker_pid, finished, gone, submit_scoring
 
 KILLS = 4
 SEED = int(os.environ.get("CROPI_CHAOS_SEED", "12"))
@@ -32,17 +32,7 @@ def test_random_kills_of_server_and_worker_leave_the_ranking_bitwise_equal(world
     kills: list[tuple[str, str]] = []
     try:
         with server.client() as c:
-            ids = {}
-            for name in SPLITS:
-                kind = "pool" if name == "pool" else "validation"
-                ids[name] = c.post("/v1/datasets", json={"name": name, "path": str(world["files"][name]),
-                                                         "kind": kind}).json()["id"]
-            r = c.post("/v1/checkpoints", json={
-                "name": "ck", "path": str(world["model"]), "pool": ids["pool"],
-                "validation": [ids["val_a"], ids["val_b"]], "projection": PROJECTION,
-                "trajectories": {k: str(v) for k, v in world["trajectories"].items()}})
-            assert r.status_code == 202, r.text
-            job_id = r.json()["job_id"]
+            _, job_id = submit_scoring(c, world)
         worker_kills = 0
         for _ in range(KILLS):
             # a random moment once the worker runs (it takes a few seconds to import the library)
@@ -64,15 +54,10 @@ def test_random_kills_of_server_and_worker_leave_the_ranking_bitwise_equal(world
             else:
                 server.kill()
                 kills.append(("server", stage))
-                deadline = time.monotonic() + 15
-                while pid and alive(pid) and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                gone(pid)
                 server.start()
         with server.client() as c:
-            deadline = time.monotonic() + 600
-            while (job := c.get(f"/v1/jobs/{job_id}").json())["state"] in ("queued", "running"):
-                assert time.monotonic() < deadline, job
-                time.sleep(0.2)
+            job = finished(c, job_id)
         assert job["state"] == "succeeded", (job, kills)
         assert len(kills) >= 2, f"the job ended before it was killed twice: {kills}"
     finally:

@@ -22,7 +22,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-from support.service_e2e import ARROW, PROJECTION, SPLITS, world, reference, Server, alive, _worker_pid
+from support.service_e2e import (ARROW, SPLITS, world, reference, Server, _worker_pid, finished,
+                                gone, submit_scoring)
 
 
 def test_a_killed_server_resumes_scoring_and_serves_the_reference_results(world, reference, tmp_path):
@@ -30,19 +31,7 @@ def test_a_killed_server_resumes_scoring_and_serves_the_reference_results(world,
     server.start()
     try:
         with server.client() as c:
-            ids = {}
-            for name in SPLITS:
-                kind = "pool" if name == "pool" else "validation"
-                r = c.post("/v1/datasets", json={"name": name, "path": str(world["files"][name]), "kind": kind})
-                assert r.status_code == 201, r.text
-                assert r.json()["n_prompts"] == SPLITS[name]
-                ids[name] = r.json()["id"]
-            r = c.post("/v1/checkpoints", json={
-                "name": "ck", "path": str(world["model"]), "pool": ids["pool"],
-                "validation": [ids["val_a"], ids["val_b"]], "projection": PROJECTION,
-                "trajectories": {k: str(v) for k, v in world["trajectories"].items()}})
-            assert r.status_code == 202, r.text
-            ck, job_id = r.json()["id"], r.json()["job_id"]
+            ck, job_id = submit_scoring(c, world)
             # wait until the gradients are partly computed, then kill the server without warning
             deadline = time.monotonic() + 300
             while True:
@@ -58,17 +47,11 @@ def test_a_killed_server_resumes_scoring_and_serves_the_reference_results(world,
                 time.sleep(0.01)
         worker_pid = _worker_pid(server.root, job_id)
         server.kill()
-        deadline = time.monotonic() + 15
-        while worker_pid and alive(worker_pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not (worker_pid and alive(worker_pid)), "the worker outlived its server"
+        assert gone(worker_pid), "the worker outlived its server"
 
         server.start()
         with server.client() as c:
-            deadline = time.monotonic() + 600
-            while (job := c.get(f"/v1/jobs/{job_id}").json())["state"] in ("queued", "running"):
-                assert time.monotonic() < deadline, job
-                time.sleep(0.2)
+            job = finished(c, job_id)
             assert job["state"] == "succeeded", job
             assert job["attempts"] == 2  # resumed once, not restarted from a fresh submission
             _check_ranking(c, ck, reference)

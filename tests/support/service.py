@@ -31,6 +31,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 JOBS = service_jobs.__name__
 ARROW = "application/vnd.apache.arrow.stream"
 STATUSES = ("ok", "zero_advantage", "nonfinite")
+DONE = ("succeeded", "failed", "cancelled")  # the states a job ends in
 
 
 class FakeSpec(BaseModel):
@@ -191,14 +192,20 @@ class Env:
     def release(self, name: str) -> None:
         (self.fake.release_dir / name).touch()
 
-    def wait(self, job_id: str, states=("succeeded", "failed", "cancelled"), timeout: float = 30.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            job = self.get(f"/v1/jobs/{job_id}").json()
-            if job["state"] in states:
-                return job
-            time.sleep(0.05)
-        raise AssertionError(f"job {job_id} did not reach {states}: {job}")
+    def wait(self, job_id: str, states=DONE, timeout: float = 30.0) -> dict:
+        return wait_job(self.get, job_id, states, timeout)
+
+
+def wait_job(get, job_id: str, states=DONE, timeout: float = 30.0, every: float = 0.05) -> dict:
+    """The job's view once its state is one of ``states``; ``get``: a client's GET that carries the token."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = get(f"/v1/jobs/{job_id}").json()
+        if job["state"] in states:
+            return job
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"job {job_id} did not reach {states} in {timeout:g} s: {job}")
+        time.sleep(every)
 
 
 @pytest.fixture

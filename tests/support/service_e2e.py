@@ -3,7 +3,6 @@ and a server in a subprocess."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from cropi.pipeline.rank import load_ranking
 from cropi.projection import ProjectionSpec
 from cropi.pipeline.requests import store_path
 from cropi.store import GradientStore
+from support.service import alive, wait_job
 
 
 scoring = pytest.importorskip("cropi.pipeline.score")
@@ -118,12 +118,33 @@ class Server:
             self.proc.wait(30)
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except (ProcessLookupError, OSError):
-        return False
+def submit_scoring(c: httpx.Client, world: dict) -> tuple[str, str]:
+    """The world's prompt sets registered and its checkpoint submitted for scoring: (checkpoint id, job id)."""
+    ids = {}
+    for name in SPLITS:
+        kind = "pool" if name == "pool" else "validation"
+        r = c.post("/v1/datasets", json={"name": name, "path": str(world["files"][name]), "kind": kind})
+        assert r.status_code == 201, r.text
+        assert r.json()["n_prompts"] == SPLITS[name]
+        ids[name] = r.json()["id"]
+    r = c.post("/v1/checkpoints", json={
+        "name": "ck", "path": str(world["model"]), "pool": ids["pool"], "validation": [ids["val_a"], ids["val_b"]],
+        "projection": PROJECTION, "trajectories": {k: str(v) for k, v in world["trajectories"].items()}})
+    assert r.status_code == 202, r.text
+    return r.json()["id"], r.json()["job_id"]
+
+
+def finished(c: httpx.Client, job_id: str) -> dict:
+    """The job's view once it has ended (the real pipeline on 2 cores: minutes)."""
+    return wait_job(c.get, job_id, timeout=600, every=0.2)
+
+
+def gone(pid: int | None, timeout: float = 15.0) -> bool:
+    """Whether process ``pid`` (a killed server's worker, which follows its server) is gone within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while pid and alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not (pid and alive(pid))
 
 
 def _worker_pid(root: Path, job_id: str) -> int | None:
