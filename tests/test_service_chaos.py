@@ -15,6 +15,7 @@ import pytest
 
 
 from cropi.pipeline.rank import load_ranking
+from cropi.selection import DEFAULT_SELECTOR
 from cropi.store import GradientStore
 from cropi.contracts import POOL
 from cropi.pipeline.requests import store_path
@@ -62,7 +63,7 @@ def test_random_kills_of_server_and_worker_leave_the_ranking_bitwise_equal(world
         assert len(kills) >= 2, f"the job ended before it was killed twice: {kills}"
     finally:
         server.stop()
-    got = load_ranking(store_path(server.root), "ck", pool=POOL, spec_id=reference["spec_id"])
+    got = load_ranking(store_path(server.root), "ck", spec_id=reference["spec_id"], selector=DEFAULT_SELECTOR)
     want = reference["ranking"]
     assert got.table.equals(want.table), kills  # bitwise: every column, every value
     assert got.excluded == want.excluded

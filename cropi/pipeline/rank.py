@@ -1,8 +1,9 @@
 """The rank job: score a pool split against validation splits and persist the ranking.
 
-Rankings live beside the shards, one Parquet file per (checkpoint, spec, pool):
-``<store>/rankings/<checkpoint>/<spec_id>/<pool>.parquet``, meta in its schema metadata (a selector other
-than the default: ``<pool>.<selector>.parquet``, see ``ranking_name``).
+Rankings live beside the shards, one Parquet file per (checkpoint, spec, pool, selector):
+``<store>/rankings/<checkpoint>/<spec_id>/<pool>.<selector>.parquet``, meta in its schema metadata (see
+``ranking_name``; stores written before every ranking was named by its selector still serve theirs,
+``stored_rankings``).
 """
 
 from __future__ import annotations
@@ -63,24 +64,56 @@ class RankRequest(BaseModel):
                     seed=self.seed, labels=labels, selector=self.selector, selector_options=self.selector_options)
 
 
+# What a ranking stored before the selector registry selected with: its meta names no selector, and
+# CROPI's top fraction was then the only rule.
+UNNAMED_SELECTOR = "cropi"
+
+
 def ranking_name(pool: str, selector: str) -> str:
-    """The name a ranking is stored under: the pool's for the default selector, ``<pool>.<selector>`` for
-    another, so curricula with different selectors at one checkpoint never overwrite each other's
-    ``selected`` column (their gradients, keyed by the checkpoint, are shared)."""
-    return pool if selector == DEFAULT_SELECTOR else f"{pool}.{selector}"
+    """The name a ranking is stored under: ``<pool>.<selector>``, for every selector, so a file means the
+    same whichever selector is the default, and curricula with different selectors at one checkpoint
+    never overwrite each other's ``selected`` column (their gradients, keyed by the checkpoint, are
+    shared). Stores written before this named the then default selector's ranking ``<pool>``."""
+    return f"{pool}.{selector}"
 
 
-def stored_ranking_name(store: str, name: str, spec_id: str, pool: str = POOL) -> str:
-    """The name the pool's ranking at this checkpoint is stored under: the default selector's when it
-    exists, else the one other selector's that does (a checkpoint scored once, with another selector),
-    else the default's (not written yet)."""
+def stored_rankings(store: str, name: str, spec_id: str, pool: str = POOL) -> dict[str, str]:
+    """Selector -> the name its ranking of ``pool`` is stored under, for every one stored at this checkpoint
+    and spec. A ranking from before every ranking was named by its selector (``<pool>``) counts for the
+    selector its meta records (``UNNAMED_SELECTOR`` when it records none); one stored under the new name
+    since wins over it."""
+    found = {s: ranking_name(pool, s) for s in SELECTORS if _ranking_exists(store, name, spec_id, ranking_name(pool, s))}
+    if _ranking_exists(store, name, spec_id, pool):
+        fs, path = rankings.ranking_file(store, name, spec_id, pool)
+        found.setdefault(rankings.read_ranking(fs, path)[1].get("selector") or UNNAMED_SELECTOR, pool)
+    return found
+
+
+def stored_ranking_name(store: str, name: str, spec_id: str, pool: str = POOL, selector: str | None = None) -> str:
+    """The name ``pool``'s ranking by ``selector`` at this checkpoint is stored under (a store written before
+    the renaming included); refused, naming the rankings that exist, when that selector never ran here.
+    With no selector (the service's one ranking of a checkpoint): the default selector's ranking when
+    stored, else one from before the renaming (then the default's), else another selector's (a
+    checkpoint scored once, with another selector), else the default's name (not written yet); no
+    file is read to decide, so this stays cheap enough for every request."""
+    wanted = selector or DEFAULT_SELECTOR
+    if _ranking_exists(store, name, spec_id, ranking_name(pool, wanted)):
+        return ranking_name(pool, wanted)  # the common case: one file looked at
+    if selector is None:
+        names = [pool, *(ranking_name(pool, s) for s in SELECTORS)]
+        return next((n for n in names if _ranking_exists(store, name, spec_id, n)), ranking_name(pool, wanted))
+    found = stored_rankings(store, name, spec_id, pool)
+    if selector in found:
+        return found[selector]
+    stored = ", ".join(f"{s} ({n}.parquet)" for s, n in found.items()) or "none"
+    raise NotFoundError(f"no ranking of {pool!r} by selector {selector!r} at checkpoint {name!r} (spec {spec_id}); "
+                        f"rankings stored there: {stored}. Score or rank it with selector {selector!r} first")
+
+
+def _ranking_exists(store: str, name: str, spec_id: str, stored_name: str) -> bool:
     from cropi.utils.fsio import file_exists
 
-    for selector in (DEFAULT_SELECTOR, *(s for s in SELECTORS if s != DEFAULT_SELECTOR)):
-        fs, path = rankings.ranking_file(store, name, spec_id, ranking_name(pool, selector))
-        if file_exists(fs, path):
-            return ranking_name(pool, selector)
-    return pool
+    return file_exists(*rankings.ranking_file(store, name, spec_id, stored_name))
 
 
 def check_selector(name: str, options: dict) -> None:
@@ -161,8 +194,8 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
     checkpoint whose rows stand in for the pool's rows of its prompts (a refresh's recomputed
     gradients, ``cropi.pipeline.score``); that ranking is stored under ``replace``'s name, so the
     pool's own ranking stays as it was. ``selector`` (cropi.selection) picks the ``selected``
-    column; the checkpoint's name salts its random draws, so every stage draws afresh. A selector
-    other than the default stores its ranking under ``ranking_name``."""
+    column; the checkpoint's name salts its random draws, so every stage draws afresh. The ranking is
+    stored under ``ranking_name`` (named by its selector)."""
     if not validation:
         raise InvalidInputError("name at least one validation split")
     spec_id = find_spec_id(store, name, spec_id, pool)
@@ -222,7 +255,15 @@ def _save(store, name, spec_id, pool, table: pa.Table, meta: dict) -> None:
     rankings.save(store, name, spec_id, pool, table, meta)
 
 
-def load_ranking(store: str, name: str, *, pool: str | None = None, spec_id: str | None = None) -> RankingResult:
-    """The stored ranking of a checkpoint (its only pool and spec unless named), checksum verified."""
+def load_ranking(store: str, name: str, *, pool: str | None = None, spec_id: str | None = None,
+                 selector: str | None = None) -> RankingResult:
+    """The stored ranking of a checkpoint, checksum verified. With ``selector``: ``pool``'s ranking (default:
+    the pool's) by that selector, under whichever name it was stored (``stored_ranking_name``; the spec
+    is the checkpoint's only one unless named). Without: the file named ``pool`` (a ranking's stored
+    name, as ``ScoreResult.ranking`` gives it), the checkpoint's only pool and spec unless named."""
+    if selector is not None:
+        pool = pool or POOL
+        spec_id = find_spec_id(store, name, spec_id, pool)
+        pool = stored_ranking_name(store, name, spec_id, pool, selector)
     table, meta = rankings.load(store, name, pool=pool, spec_id=spec_id)
     return RankingResult(Ranking.from_table(table.drop_columns([SELECTED]), meta), table, meta)

@@ -6,12 +6,11 @@ The library is imported directly here (torch included): only workers import this
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Callable
 
 import numpy as np
 
-from cropi.contracts import POOL
 from cropi.pipeline.curriculum import run_curriculum
 from cropi.pipeline.rank import load_ranking
 from cropi.pipeline.requests import store_path
@@ -29,11 +28,11 @@ def score(request: ScoreRequest, root: str, progress: Progress) -> dict[str, Any
 
 def scoring_job(params: dict[str, Any], *, root: str, progress: Progress) -> dict[str, Any]:
     """Run (or resume) a checkpoint's scoring; adds ``prompts_scored`` and ``spec_id`` to the result."""
-    request = scoring_request(params)
-    result = score(request, root, progress)
-    spec_id = request.projection.spec_id
-    ranking = load_ranking(store_path(root), request.name, pool=POOL, spec_id=spec_id)
-    return {**_jsonable(result), "spec_id": ranking.meta.get("spec_id", spec_id),
+    result = score(scoring_request(params), root, progress)
+    # the ranking the library wrote, by the name it gave it (a selector's own: never guessed here)
+    stored = PurePath(result["ranking"]).name.removesuffix(".parquet")
+    ranking = load_ranking(store_path(root), result["name"], pool=stored, spec_id=result["spec_id"])
+    return {**_jsonable(result), "spec_id": ranking.meta.get("spec_id", result["spec_id"]),
             "prompts_scored": ranking.table.num_rows}
 
 
