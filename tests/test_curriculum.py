@@ -87,7 +87,7 @@ def make_config(setup, **overrides) -> CurriculumConfig:
                   reward=REWARD,
                   collect=dict(pool_samples=4, validation_samples=4, temperature=1.0, max_new_tokens=6,
                                backend="hf", batch_prompts=16),
-                  projection=dict(dim=32, kept_fraction=0.5), gradient_dtype="float32", device="cpu")
+                  projection=dict(kind="sjlt", dim=32, kept_fraction=0.5), gradient_dtype="float32", device="cpu")
     return CurriculumConfig.model_validate(fields | overrides)
 
 
@@ -291,7 +291,7 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
         name="pinned", model="/m", pool="/p", validation={"v": "/v"}, stages=2, select_fraction=0.2, method="cropi",
         reward="exact_numeric", collect=dict(pool_samples=4, temperature=1.0, backend="hf",
                                              backend_options={"max_batch_rows": 8}),
-        projection=dict(dim=64), gradient_dtype="float32"))
+        projection=dict(kind="sjlt", dim=64, kept_fraction=0.1), gradient_dtype="float32"))
     assert cfg.resume_key() == "33b13f976f82e4b9"
     here = Path(__file__).resolve().parent
     cfg = CurriculumConfig.model_validate(dict(
@@ -352,7 +352,7 @@ def test_a_second_selector_at_the_same_checkpoint_keeps_cropis_ranking(setup, cr
     use_trainer(monkeypatch, FakeTrainer())
     diverse = run_curriculum(make_config(setup, name="diverse-run", method="diverse", stages=1), root=setup["root"])
     stage = diverse["stages"][0]
-    assert stage["ranking"] == cropi_ranking.replace("/pool.cropi.parquet", "/pool.parquet")  # the default's name
+    assert stage["ranking"] == cropi_ranking.replace("/pool.cropi.parquet", "/pool.diverse.parquet")  # its own name
     assert pq.read_table(cropi_ranking).equals(before)  # CROPI's selected column untouched
     ranking = pq.read_table(stage["ranking"])
     meta = json.loads(ranking.schema.metadata[b"cropi.ranking"])
@@ -382,7 +382,7 @@ def test_a_stage_record_warns_of_a_concentrated_selection_at_the_trainers_batch(
 
 
 def test_the_service_finds_a_ranking_stored_under_its_selectors_name(setup, cropi_run):
-    """CROPI's curriculum (selector 'cropi', not the default) stores its rankings as pool.cropi.parquet:
+    """CROPI's curriculum (selector 'cropi') stores its rankings as pool.cropi.parquet:
     the service's library finds and serves them, and their version follows the file."""
     from cropi.pipeline.rank import stored_ranking_name
     from cropi_service.domain.library import CropiLibrary
@@ -396,4 +396,4 @@ def test_the_service_finds_a_ranking_stored_under_its_selectors_name(setup, crop
     served = library.ranking(name, spec)
     assert served.meta["selector"] == "cropi" and served.table.equals(pq.read_table(path).replace_schema_metadata())
     assert library.ranking_version(name, spec) is not None
-    assert stored_ranking_name(str(Path(setup["root"]) / "store"), "nobody", spec) == "pool"  # none yet
+    assert stored_ranking_name(str(Path(setup["root"]) / "store"), "nobody", spec) == "pool.diverse"  # none yet

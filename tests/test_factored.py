@@ -44,8 +44,8 @@ def test_factored_spec_defaults_validation_and_ids_of_other_kinds_unchanged():
     ids = {spec.spec_id, ProjectionSpec(kind="factored", factor_in=8).spec_id,
            ProjectionSpec(kind="factored", exclude="bias").spec_id, ProjectionSpec(kind="factored", seed=1).spec_id}
     assert len(ids) == 4
-    # the id of the default sjlt spec is the one stored before the factored fields existed
-    assert ProjectionSpec().spec_id == "d46e98ad85e66abb"
+    # the id of the former default sjlt spec is the one stored before the factored fields existed
+    assert ProjectionSpec(kind="sjlt", dim=32768, kept_fraction=0.1).spec_id == "d46e98ad85e66abb"
     for bad, words in ((dict(kind="factored", dim=64), "leave dim unset"),
                        (dict(kind="factored", kept_fraction=0.1), "kept_fraction is ignored"),
                        (dict(kind="factored", factor_in=0), "[1, 4096]"),
@@ -173,7 +173,7 @@ def test_statuses_and_ess_match_the_per_prompt_path(layout, monkeypatch):
     long = make_traj(rng, [1, 0], prompt_len=15)
     long.prompt_id = "long"
     fact = make_computer(tiny_model(), make_projector(SPEC, shapes_of(tiny_model())), LossOptions(max_length=14))
-    plain = make_computer(tiny_model(), make_projector(ProjectionSpec(dim=16), shapes_of(tiny_model())),
+    plain = make_computer(tiny_model(), make_projector(ProjectionSpec(kind="sjlt", dim=16), shapes_of(tiny_model())),
                           LossOptions(max_length=14))
     got = fact.compute_many([live, flat, long])
     want = [plain.compute(t) for t in (live, flat, long)]

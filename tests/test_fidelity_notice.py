@@ -61,14 +61,14 @@ def test_cropi_rank_prints_the_notice_for_an_unmeasured_spec(tmp_path, capsys):
 
 
 def test_scoring_defaults_to_the_measured_spec_and_each_ranking_records_it(tmp_path, capsys):
-    """No projection named: the gradients job and the ranking use SCORING_SPEC, whose fidelity is measured;
+    """No projection named: the gradients job and the ranking use DEFAULT_SPEC, whose fidelity is measured;
     the ranking's meta names the spec and the result that measured it, and no notice is printed."""
     from support.golden import COLLECT, GOLDEN, MODEL, cli
 
     from cropi.pipeline.requests import ScoreRequest
-    from cropi.projection.fidelity import SCORING_SPEC
+    from cropi.projection.spec import DEFAULT_SPEC
 
-    assert ScoreRequest.model_fields["projection"].default == SCORING_SPEC and measured(SCORING_SPEC)
+    assert ScoreRequest.model_fields["projection"].default == DEFAULT_SPEC and measured(DEFAULT_SPEC)
     for split in ("pool", "val_a"):
         cli("collect", "--model", str(MODEL), "--prompts", str(GOLDEN / f"{split}.jsonl"),
             "--out", str(tmp_path / split), *COLLECT)
@@ -79,6 +79,6 @@ def test_scoring_defaults_to_the_measured_spec_and_each_ranking_records_it(tmp_p
                  "--validation", "val_a", "--top-fraction", "0.25")
     assert BENCHMARK not in capsys.readouterr().err
     meta = ranked["meta"]
-    assert meta["spec_id"] == SCORING_SPEC.spec_id
-    assert ProjectionSpec(**meta["projection"]) == SCORING_SPEC
-    assert meta["fidelity"] == measured(SCORING_SPEC) and meta["fidelity"]["cell"] == "tensorsketch/k=4096"
+    assert meta["spec_id"] == DEFAULT_SPEC.spec_id
+    assert ProjectionSpec(**meta["projection"]) == DEFAULT_SPEC
+    assert meta["fidelity"] == measured(DEFAULT_SPEC) and meta["fidelity"]["cell"] == "tensorsketch/k=4096"

@@ -392,7 +392,7 @@ def test_vllm_teacher_forced_logprobs_are_the_gradient_forward_pass(engine, prom
     assert max_logprob_error(reference, ids[:4], out) < 1e-5
     # And the gradient's own forward (left-padded micro-batches): its ratio is 1 at this model.
     shapes = {n: tuple(p.shape) for n, p in reference.named_parameters()}
-    computer = GradientComputer(reference, make_projector(ProjectionSpec(dim=8), shapes))
+    computer = GradientComputer(reference, make_projector(ProjectionSpec(kind="sjlt", dim=8), shapes))
     for prompt, samples in zip(ids[:4], out):
         responses = [s.token_ids for s in samples]
         mb = build_micro_batch(list(prompt), responses, [s.logprobs for s in samples], list(range(len(samples))),
@@ -446,7 +446,7 @@ def test_vllm_bfloat16_engine_stores_the_gradient_pass_logprobs(model_path, prom
         backend.close()
     model = load_causal_lm(model_path, device="cuda")
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    computer = GradientComputer(model, make_projector(ProjectionSpec(dim=8), shapes, device="cuda"))
+    computer = GradientComputer(model, make_projector(ProjectionSpec(kind="sjlt", dim=8), shapes, device="cuda"))
     for prompt, samples in zip(ids[:4], out):
         mb = build_micro_batch(list(prompt), [s.token_ids for s in samples], [s.logprobs for s in samples],
                                list(range(len(samples))), computer.pad_id)

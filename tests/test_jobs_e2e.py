@@ -25,7 +25,7 @@ from support.store import snapshot
 SPLITS = ("pool", "val_a", "val_b")
 COLLECT = ["--backend", "hf", "--samples", "4", "--max-new-tokens", "40", "--temperature", "1.0",
            "--reward", "exact_numeric"]
-PROJ = ["--projection-dim", "512", "--kept-fraction", "0.5", "--dtype", "float32"]
+PROJ = ["--projection-kind", "sjlt", "--projection-kind", "sjlt", "--projection-dim", "512", "--kept-fraction", "0.5", "--dtype", "float32"]
 
 
 def cli_subprocess(*args: str, **kw) -> subprocess.Popen:
@@ -298,8 +298,8 @@ def test_score_command_equals_gradients_then_rank(scored, collected, task_model,
     given = [a for s in SPLITS for a in ("--trajectories", f"{s}={collected / 'traj' / s}")]
     out = run_cli("score", "--model", task_model, "--root", str(root), "--name", "warm", "--pool", task_files["pool"],
                   "--validation", f"val_a={task_files['val_a']}", "--validation", f"val_b={task_files['val_b']}",
-                  *given, "--select-fraction", "0.25", "--projection-dim", "512", "--kept-fraction", "0.5",
-                  "--gradient-dtype", "float32")
+                  *given, "--select-fraction", "0.25", "--projection-kind", "sjlt", "--projection-dim", "512",
+                  "--kept-fraction", "0.5", "--gradient-dtype", "float32")
     _assert_same_vectors(GradientStore(str(scored / "store")), GradientStore(str(root / "store")))
     ranked = run_cli("rank", "--store", str(scored / "store"), "--name", "warm", "--pool", "pool",
                      "--validation", "val_a,val_b", "--top-fraction", "0.25")

@@ -188,7 +188,7 @@ def test_a_filter_that_drops_nothing_gives_bitwise_the_same_update(model_dir, da
     # (sjlt here: on this random tiny model the factored default scores every buffer response positive in
     # these two steps, so it would drop nothing)
     dropped = train(model_dir, data, tmp_path / "dropped", policy="iif", p=1.0,
-                    projection={"dim": 2048, "kept_fraction": 0.1})
+                    projection={"kind": "sjlt", "dim": 2048, "kept_fraction": 0.1})
     assert any(r["filtered_fraction"] > 0 for r in rows_of(dropped))
     c = load_causal_lm(dropped.checkpoint).state_dict()
     assert any(not torch.equal(a[k], c[k]) for k in a)

@@ -132,13 +132,14 @@ def test_name_key_is_sha256_based_and_seeded():
 
 # --------------------------------------------------------------------- spec --
 @pytest.mark.parametrize("kwargs, field, words", [
-    (dict(kept_fraction=0.0), "kept_fraction", "(0, 1]"),
-    (dict(kept_fraction=1.5), "kept_fraction", "(0, 1]"),
-    (dict(kept_fraction=float("nan")), "kept_fraction", "(0, 1]"),
+    (dict(kind="sjlt", kept_fraction=0.0), "kept_fraction", "(0, 1]"),
+    (dict(kind="sjlt", kept_fraction=1.5), "kept_fraction", "(0, 1]"),
+    (dict(kind="sjlt", kept_fraction=float("nan")), "kept_fraction", "(0, 1]"),
+    (dict(kept_fraction=0.5), "kept_fraction", "name kind='sjlt'"),  # the default kind keeps every coordinate
     (dict(dim=0), "dim", "[1, "),
     (dict(dim=2**30), "dim", "[1, "),
     (dict(dim=None), "dim", "[1, "),
-    (dict(dim=8, nnz=9), "nnz", "[1, dim=8]"),
+    (dict(kind="sjlt", dim=8, nnz=9), "nnz", "[1, dim=8]"),
     (dict(nnz=0), "nnz", "[1, "),
     (dict(seed=-1), "seed", "[0, 2**63 - 1]"),
     (dict(include="(unclosed"), "include", "regular expression"),
@@ -156,15 +157,15 @@ def test_spec_validation_names_field_and_range(kwargs, field, words):
 
 
 def test_spec_id_stable_and_sensitive_to_every_field():
-    base = ProjectionSpec()
-    assert ProjectionSpec().spec_id == base.spec_id and len(base.spec_id) == 16
+    base = ProjectionSpec(kind="sjlt")
+    assert ProjectionSpec(kind="sjlt").spec_id == base.spec_id and len(base.spec_id) == 16
     fields = {k: v for k, v in base.model_dump(mode="json").items() if v is not None or k not in FACTOR_FIELDS}
     canon = json.dumps(fields, sort_keys=True, separators=(",", ":"))  # unset factor fields are not hashed
     assert base.spec_id == hashlib.sha256(canon.encode()).hexdigest()[:16]
     changes = dict(kind="gaussian", dim=1024, kept_fraction=0.5, seed=1, nnz=2, include="mlp", exclude="bias",
                    identity_limit=10)
     assert set(changes) | set(FACTOR_FIELDS) == set(ProjectionSpec.model_fields)  # factored's: test_factored.py
-    ids = {base.spec_id} | {ProjectionSpec(**{f: v}).spec_id for f, v in changes.items()}
+    ids = {base.spec_id} | {ProjectionSpec(**{"kind": "sjlt"} | {f: v}).spec_id for f, v in changes.items()}
     assert len(ids) == len(changes) + 1
     ident = ProjectionSpec(kind="identity")
     assert ident.dim is None and ProjectionSpec(kind="identity", dim=None).spec_id == ident.spec_id
@@ -307,10 +308,10 @@ def test_squared_norm_unbiased_over_seeds(kind):
 
 def test_kept_count_is_binomial():
     numel, f = 200_000, 0.1
-    proj = make_projector(ProjectionSpec(kept_fraction=f, dim=8), {"w": (numel,)})
+    proj = make_projector(ProjectionSpec(kind="sjlt", kept_fraction=f, dim=8), {"w": (numel,)})
     sd = math.sqrt(numel * f * (1 - f))
     assert abs(proj.n_kept - numel * f) < 5 * sd
-    assert make_projector(ProjectionSpec(kept_fraction=1.0, dim=8), {"w": (numel,)}).n_kept == numel
+    assert make_projector(ProjectionSpec(kind="sjlt", kept_fraction=1.0, dim=8), {"w": (numel,)}).n_kept == numel
 
 
 def test_gaussian_entries_have_mean_zero_variance_one_over_k():
@@ -378,7 +379,7 @@ def test_order_and_filtered_parameters_do_not_matter(kind):
 
 
 def test_kept_subset_independent_of_other_parameters():
-    spec = ProjectionSpec(kept_fraction=0.3, seed=6, dim=16)
+    spec = ProjectionSpec(kind="sjlt", kept_fraction=0.3, seed=6, dim=16)
     alone = make_projector(spec, {"layers.0.mlp.weight": (9, 11)}).kept_indices("layers.0.mlp.weight")
     crowd = make_projector(spec, {"z": (1000,), "layers.0.mlp.weight": (9, 11), "a": (3,)})
     assert torch.equal(crowd.kept_indices("layers.0.mlp.weight"), alone)
@@ -417,7 +418,7 @@ def test_low_precision_inputs_accumulate_in_float32(dtype, kind):
 
 # -------------------------------------------------------------------- errors --
 def test_input_errors_are_clear():
-    proj = make_projector(ProjectionSpec(dim=8, exclude="bias"), SHAPES)
+    proj = make_projector(ProjectionSpec(kind="sjlt", dim=8, exclude="bias"), SHAPES)
     grads = random_grads(SHAPES, 1, seed=0)
     assert "layers.0.mlp.bias" not in proj.param_names
     with pytest.raises(ProjectionInputError, match="missing"):
@@ -434,12 +435,12 @@ def test_input_errors_are_clear():
     with pytest.raises(ProjectionInputError, match="project_flat needs shape"):
         proj.project_flat(torch.zeros(1, 3))
     with pytest.raises(EmptySelectionError, match="no parameter survives"):
-        make_projector(ProjectionSpec(include="nothing-matches"), SHAPES)
+        make_projector(ProjectionSpec(kind="sjlt", include="nothing-matches"), SHAPES)
     assert issubclass(ProjectionInputError, CropiError) and issubclass(IdentityLimitError, CropiError)
 
 
 def test_project_flat_matches_project():
-    proj = make_projector(ProjectionSpec(dim=16, kept_fraction=0.7), SHAPES)
+    proj = make_projector(ProjectionSpec(kind="sjlt", dim=16, kept_fraction=0.7), SHAPES)
     grads = random_grads(SHAPES, 3, seed=1)
     flat = torch.cat([g.reshape(3, -1) for g in grads.values()], dim=1)
     assert torch.equal(proj.project_flat(flat), proj.project(grads.items()))

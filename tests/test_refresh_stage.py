@@ -102,7 +102,7 @@ def refreshed_run(tmp_path_factory):
         refresh={"criterion": "status", "above": 0.0, "budget": BUDGET},
         collect=dict(pool_samples=4, validation_samples=4, temperature=1.0, max_new_tokens=6, backend="hf",
                      batch_prompts=16),
-        projection=dict(dim=32, kept_fraction=0.5), gradient_dtype="float32", device="cpu"))
+        projection=dict(kind="sjlt", dim=32, kept_fraction=0.5), gradient_dtype="float32", device="cpu"))
     root = base / "root"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(loop, "make_trainer", lambda name, **options: PerturbingTrainer())

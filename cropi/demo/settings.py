@@ -54,8 +54,8 @@ class DemoSettings(BaseModel):
     temperature: float = Field(0.5, gt=0, description="sampling temperature of the offline trajectories (CROPI)")
     max_new_tokens: Optional[int] = Field(None, gt=0, description="longest response: collection, training, "
                                           "evaluation (default: the task's)")
-    # scoring projects with the curriculum's default (cropi.projection.fidelity.SCORING_SPEC); these two
-    # size the sjlt projection of the online filters (per response, where packing cannot serve)
+    # scoring projects with the one default (cropi.projection.spec.DEFAULT_SPEC); these two size the demo's
+    # own sjlt projection of the online filters (per response, where packing cannot serve)
     projection_dim: int = Field(2048, ge=16, description="online filters: the sjlt projection's dim")
     kept_fraction: float = Field(0.1, gt=0, le=1, description="online filters: the sjlt projection's kept fraction")
     lr: float = Field(3e-4, gt=0)
@@ -138,7 +138,8 @@ class DemoSettings(BaseModel):
                    "stage_eval_files": dict(validation_files or {})}
         if method in ONLINE_METHODS:
             policy = ONLINE_METHODS[method][1]
-            online = {"policy": policy, "projection": {"dim": self.projection_dim, "kept_fraction": self.kept_fraction}}
+            online = {"policy": policy, "projection": {"kind": "sjlt", "dim": self.projection_dim,
+                                                       "kept_fraction": self.kept_fraction}}
             if policy == "ippo":
                 online["validation_files"] = dict(validation_files or {})
             else:

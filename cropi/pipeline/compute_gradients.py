@@ -18,7 +18,7 @@ from cropi.pipeline.checks import check_tokenizer_matches, check_token_ids_fit
 from cropi.pipeline.progress import Progress, report
 from cropi.pipeline.sharding import in_shard, parse_shard, writer_id
 from cropi.projection import ProjectionSpec, make_projector
-from cropi.projection.fidelity import SCORING_SPEC
+from cropi.projection.spec import DEFAULT_SPEC
 from cropi.store import CheckpointRef, GradientStore, TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.hashing import SPACED, short_hash
@@ -35,7 +35,7 @@ class GradientJob(BaseModel):
     store: str = Field(min_length=1, description="gradient store directory or pyarrow URI")
     split: str = Field(pattern=NAME_PATTERN, description="name of this prompt set in the store (pool, gsm8k, ...)")
     name: Optional[str] = Field(None, pattern=NAME_PATTERN, description="checkpoint name; default: model folder name")
-    projection: ProjectionSpec = Field(SCORING_SPEC, validation_alias=AliasChoices("projection", "spec"))
+    projection: ProjectionSpec = Field(DEFAULT_SPEC, validation_alias=AliasChoices("projection", "spec"))
     loss: LossOptions = LossOptions()
     shard: tuple[int, int] = Field((0, 1), description="(i, n): this worker's share of the prompts")
     gradient_dtype: VectorDtype = Field("float16", description="stored vector dtype",

@@ -14,8 +14,7 @@ from cropi.contracts import NAME_HELP, NAME_PATTERN, POOL, Fusion, VectorDtype, 
 from cropi.generation.options import CollectOptions
 from cropi.gradients.options import LossOptions
 from cropi.pipeline.rank import RankRequest, SelectorName, check_selector
-from cropi.projection.fidelity import SCORING_SPEC
-from cropi.projection.spec import ProjectionSpec
+from cropi.projection.spec import DEFAULT_SPEC, ProjectionSpec
 
 _RANK = RankRequest.model_fields  # ranking settings: the rank step's defaults and bounds
 
@@ -57,7 +56,7 @@ class ScoringSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    projection: ProjectionSpec = Field(SCORING_SPEC, validation_alias=AliasChoices("projection", "spec"))
+    projection: ProjectionSpec = Field(DEFAULT_SPEC, validation_alias=AliasChoices("projection", "spec"))
     loss: LossOptions = LossOptions()
     collect: CollectOptions = CollectOptions()
     fusion: Fusion = _RANK["fusion"]

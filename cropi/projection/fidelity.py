@@ -47,13 +47,6 @@ def _cells() -> dict[tuple, dict[str, Any]]:
 
 MEASURED = _cells()
 
-# The spec scoring uses unless a caller names another (curricula, `cropi score`, the service, the demo):
-# the smallest measured spec that meets the fidelity goal on every projection seed (precision@10%
-# 0.972 on each of 3 seeds at 2568x; benchmarks/results/fidelity_factored_tensorsketch.json) and is
-# computed on the batched path (benchmarks/results/batched_scoring.json). ProjectionSpec()'s own
-# defaults stay as they were, so stored spec ids keep their meaning.
-SCORING_SPEC = ProjectionSpec(kind="tensorsketch", dim=4096)
-
 
 def measured(spec: ProjectionSpec) -> dict[str, Any] | None:
     """Where ``spec``'s fidelity was measured (``{"result": path, "cell": name}``), or None."""

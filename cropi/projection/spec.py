@@ -50,7 +50,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from cropi.errors import MismatchError
 
-DEFAULT_DIM = 32768
+# The one default spec (``DEFAULT_SPEC``, below: tensorsketch, dim 4096): every field a caller leaves
+# out takes its value from it, whatever the door (a partial spec, ``--projection-dim 8192`` alone, a
+# service request without a projection), and the CLI's help prints it. Why this one: the smallest
+# measured spec that meets the fidelity goal on every projection seed (precision@10% 0.972 on each of
+# 3 seeds at 2568x; benchmarks/results/fidelity_factored_tensorsketch.json), and it is computed on the
+# batched path (benchmarks/results/batched_scoring.json). Stored specs keep their ids: a store records
+# every field, so changing a default never changes what a stored spec_id means.
+DEFAULT_KIND = "tensorsketch"
+DEFAULT_DIM = 4096
+DEFAULT_KEPT_FRACTION = 1.0  # the batched kinds keep every coordinate; another kind is sized to match
 DEFAULT_FACTOR = 16
 FACTOR_FIELDS = ("factor_in", "factor_out")  # dropped from spec_id while None
 MAX_DIM = 2**24  # keeps row indices in int32 and dense entry indices far from int64 overflow
@@ -80,13 +89,14 @@ class ProjectionSpec(BaseModel):
     # The descriptions are the one spelling of each field's help: the CLI's flags (cropi/cli_args.py) and
     # the service's schema (its caller model is derived from this one) both show them.
     kind: Literal["sjlt", "gaussian", "rademacher", "identity", "factored", "tensorsketch"] = Field(
-        "sjlt", description="projection kind: sjlt (sparse count-sketch), gaussian (dense N(0, 1/k)), rademacher "
+        DEFAULT_KIND, description="projection kind: sjlt (sparse count-sketch), gaussian (dense N(0, 1/k)), rademacher "
         "(dense +-1/sqrt(k)), identity (the kept coordinates, unmixed), factored (per-layer blocks, batched) or "
         "tensorsketch (one shared sketch of dim, batched)")
     dim: int | None = Field(DEFAULT_DIM, description="k, the projected vector's length (derived for the identity "
                             "and factored kinds: leave it unset there)")
-    kept_fraction: float = Field(0.1, description="expected fraction r of gradient coordinates kept, each by its "
-                                 "own hashed draw (so the exact count varies); 1 for the factored and tensorsketch kinds")
+    kept_fraction: float = Field(DEFAULT_KEPT_FRACTION, description="expected fraction r of gradient coordinates "
+                                 "kept, each by its own hashed draw (so the exact count varies); 1 for the factored "
+                                 "and tensorsketch kinds")
     seed: int = Field(0, description="seeds every hash of the projection (which coordinates, which signs)")
     nnz: int = Field(4, description="nonzeros per kept coordinate (sjlt only; the other kinds ignore it, "
                      "though it still enters spec_id)")
@@ -102,14 +112,16 @@ class ProjectionSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _derived_dim(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and data.get("kind") == "tensorsketch":
+        kind = data.get("kind", DEFAULT_KIND) if isinstance(data, Mapping) else None  # left out: the default's
+        if kind == "tensorsketch":
             if data.get("kept_fraction", 1.0) != 1.0:
+                default = "" if "kind" in data else " (tensorsketch is the default kind: name kind='sjlt' to subsample)"
                 raise ValueError("kept_fraction is ignored for kind='tensorsketch' (every coordinate of a projected "
-                                 f"layer is sketched); leave it unset, got {data['kept_fraction']!r}")
+                                 f"layer is sketched); leave it unset, got {data['kept_fraction']!r}{default}")
             return {**data, "kept_fraction": 1.0}
-        if not isinstance(data, Mapping) or data.get("kind") not in ("identity", "factored"):
+        if kind not in ("identity", "factored"):
             return data
-        kind, dim = data["kind"], data.get("dim")
+        dim = data.get("dim")
         if dim is not None and dim != DEFAULT_DIM:
             what = "the kept count" if kind == "identity" else "layers x factor_out x factor_in"
             raise ValueError(f"dim is ignored for kind={kind!r} (its output length is {what}); "
@@ -199,3 +211,15 @@ class ProjectionSpec(BaseModel):
         if other.spec_id != self.spec_id:
             raise SpecMismatchError(f"projection specs differ ({self.spec_id} vs {other.spec_id}): vectors "
                                     "projected under different specs cannot be compared; re-project one side")
+
+
+# Every field at its default: what scoring, curricula, `cropi gradients` / `cropi score` and the service
+# use when no projection is named, and what fills every field a partial spec leaves out.
+DEFAULT_SPEC = ProjectionSpec()
+
+# Not a second default but a purpose of its own: the online filters (cropi.trainers.filters) project
+# each response of every training step, where packing cannot serve; there the tensorsketch costs about a
+# weight gradient per row, so they keep the factored kind (16x16) for its cost, with its weaker measured
+# fidelity (docs/online_filtering.md, "With the scoring spec instead of the factored one"). Their
+# ``projection`` option picks another.
+ONLINE_FILTER_SPEC = ProjectionSpec(kind="factored")

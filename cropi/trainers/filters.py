@@ -62,7 +62,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cropi.gradients.engine import GradientEngine, Responses
-from cropi.projection import ProjectionSpec
+from cropi.projection.spec import ONLINE_FILTER_SPEC, ProjectionSpec
 from cropi.trainers.objective import group_advantages
 from cropi.trainers.shared_update import SharedUpdate, update_weights
 
@@ -80,7 +80,7 @@ class OnlineFilterOptions(BaseModel):
     target: Literal["auto", "validation", "buffer"] = Field(
         "auto", description="auto: validation for ippo, buffer (IIF's own objective) for iif and random")
     score: Literal["dot", "cosine"] = "dot"
-    projection: ProjectionSpec = ProjectionSpec(kind="factored")
+    projection: ProjectionSpec = ONLINE_FILTER_SPEC  # a purpose of its own, documented there
     validation_files: dict[str, str] = Field(default_factory=dict, description="validation set name -> prompt file")
     validation_prompts: int = Field(8, ge=1, description="prompts per validation set, drawn once per stage")
     validation_rollouts: int = Field(8, ge=2, description="responses per validation prompt (sampled per stage)")

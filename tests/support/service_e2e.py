@@ -17,6 +17,7 @@ from cropi.data import write_jsonl
 from cropi.generation import SamplingConfig
 from cropi.pipeline.collect import CollectJob, collect
 from cropi.pipeline.rank import load_ranking
+from cropi.selection import DEFAULT_SELECTOR
 from cropi.projection import ProjectionSpec
 from cropi.pipeline.requests import store_path
 from cropi.store import GradientStore
@@ -31,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 TOKEN = "e2e-token-" + "x" * 24
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ARROW = "application/vnd.apache.arrow.stream"
-PROJECTION = {"dim": 256, "kept_fraction": 0.5, "seed": 3}
+PROJECTION = {"kind": "sjlt", "dim": 256, "kept_fraction": 0.5, "seed": 3}
 SPLITS = {"pool": 40, "val_a": 8, "val_b": 8}
 
 
@@ -67,7 +68,7 @@ def reference(world, tmp_path_factory):
         spec=ProjectionSpec(**PROJECTION))
     scoring.score_checkpoint(request, root=str(root))
     spec_id = ProjectionSpec(**PROJECTION).spec_id
-    ranking = load_ranking(store_path(root), "ck", pool=POOL, spec_id=spec_id)
+    ranking = load_ranking(store_path(root), "ck", spec_id=spec_id, selector=DEFAULT_SELECTOR)
     pool = GradientStore(store_path(root)).open_split("ck", spec_id, POOL).read()
     return {"ranking": ranking, "pool": pool, "spec_id": spec_id}
 

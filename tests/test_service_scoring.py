@@ -1,0 +1,93 @@
+"""The service's scoring job over the real library, through HTTP: a request that names no projection
+is scored with the one default spec (cropi.projection.spec.DEFAULT_SPEC), and a selector other than
+the default has its ranking (stored under the selector's name) read back and served.
+
+The golden case's model and prompts (tests/golden), their trajectories collected once; the jobs run
+in the service's own worker process. About a minute on 2 cores."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+from fastapi.testclient import TestClient
+
+from cropi.pipeline.rank import load_ranking
+from cropi.pipeline.requests import store_path
+from cropi.projection.spec import DEFAULT_SPEC, ProjectionSpec
+from cropi.store import GradientStore
+from cropi_service.api.app import create_app
+from support.golden import COLLECT, GOLDEN, MODEL, cli
+from support.service import Env, make_settings
+
+pytestmark = pytest.mark.slow
+
+SPLITS = {"pool": "pool", "val_a": "validation"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The golden model and prompt files under one data root, with their trajectories."""
+    data = tmp_path_factory.mktemp("scoring") / "data"
+    shutil.copytree(MODEL, data / "model")
+    trajectories = {}
+    for split in SPLITS:
+        shutil.copy(GOLDEN / f"{split}.jsonl", data / f"{split}.jsonl")
+        trajectories[split] = str(data / "trajectories" / split)
+        cli("collect", "--model", str(data / "model"), "--prompts", str(data / f"{split}.jsonl"),
+            "--out", trajectories[split], *COLLECT)
+    return {"data": data, "trajectories": trajectories}
+
+
+@pytest.fixture(scope="module")
+def service(world, tmp_path_factory):
+    """The real service (real library, real job kinds) with the world's prompt sets registered."""
+    tmp = tmp_path_factory.mktemp("service")
+    settings = make_settings(tmp, data_roots=[world["data"]])
+    with TestClient(create_app(settings)) as client:
+        env = Env(tmp, client, None)
+        for split, kind in SPLITS.items():
+            r = env.post("/v1/datasets", json={"name": split, "path": str(world["data"] / f"{split}.jsonl"),
+                                               "kind": kind})
+            assert r.status_code == 201, r.text
+            env.ids[split] = r.json()["id"]
+        yield env, settings
+
+
+def _score(env: Env, world: dict, name: str, **extra) -> tuple[str, dict]:
+    """Submit the checkpoint for scoring and wait for its job: (checkpoint id, the finished job)."""
+    body = {"name": name, "path": str(world["data"] / "model"), "pool": env.ids["pool"],
+            "validation": [env.ids["val_a"]], "trajectories": world["trajectories"], **extra}
+    r = env.post("/v1/checkpoints", json=body)
+    assert r.status_code == 202, r.text
+    job = env.wait(r.json()["job_id"], timeout=600)
+    assert job["state"] == "succeeded", job
+    return r.json()["id"], job
+
+
+def test_a_scoring_request_without_a_projection_is_scored_with_the_default_spec(service, world):
+    env, settings = service
+    ck, job = _score(env, world, "plain")
+    assert job["result"]["spec_id"] == DEFAULT_SPEC.spec_id
+    assert env.get(f"/v1/checkpoints/{ck}").json()["spec_id"] == DEFAULT_SPEC.spec_id  # what the service keys on
+    page = env.get(f"/v1/checkpoints/{ck}/ranking").json()
+    assert page["spec_id"] == DEFAULT_SPEC.spec_id and page["items"]
+    stored = GradientStore(store_path(settings.root)).open_split("plain", DEFAULT_SPEC.spec_id, "pool").spec
+    assert ProjectionSpec.from_record(stored) == DEFAULT_SPEC  # the vectors themselves: tensorsketch, dim 4096
+
+
+def test_a_selector_other_than_the_default_is_scored_and_its_ranking_served(service, world):
+    env, settings = service
+    ck, job = _score(env, world, "by-cropi", options={"selector": "cropi"})
+    result = job["result"]
+    assert result["ranking"].endswith("/pool.cropi.parquet")
+    pool = (world["data"] / "pool.jsonl").read_text().count("\n")
+    assert result["prompts_scored"] == pool
+    want = load_ranking(store_path(settings.root), "by-cropi", selector="cropi")
+    assert want.meta["selector"] == "cropi"
+    page = env.get(f"/v1/checkpoints/{ck}/ranking", params={"limit": pool}).json()
+    ranked = sorted((r for r in want.table.to_pylist() if r["rank"] > 0), key=lambda r: r["rank"])
+    assert [it["prompt_id"] for it in page["items"]] == [r["prompt_id"] for r in ranked]
+    chosen = [it["prompt_id"] for it in page["items"] if it["selected"]]
+    assert chosen == result["selected"] and 0 < len(chosen) <= math.ceil(0.1 * pool)
