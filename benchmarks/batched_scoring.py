@@ -7,7 +7,7 @@ validation responses, T = 0.5, the task's 5 new tokens) and scored by the task's
 trajectories go through each side, chunk by chunk, the order rotating (machine noise hits all alike),
 one torch thread:
 
-- ``sjlt``: the demo's spec (``ProjectionSpec(dim=2048, kept_fraction=0.1)``; cropi/demo/runner.py),
+- ``sjlt``: the demo's spec (``ProjectionSpec(kind="sjlt", dim=2048, kept_fraction=0.1)``; cropi/demo/runner.py),
   ``GradientComputer`` one prompt at a time, as the curriculum scores today;
 - ``tensorsketch``: ``--sketch-dim`` (4096), the batched computer (``make_computer``), as
   ``compute_gradients`` runs it: ``prompts_per_call`` prompts a call, each prompt's responses packed
@@ -65,7 +65,7 @@ def run(pool_n: int, val_n: int, sketch_dim: int, out: Path) -> dict:
     val = collect_trajectories(model_path, splits["val_max"][:val_n] + splits["val_nth"][:val_n], samples=16,
                                temperature=0.5, max_new_tokens=5, seed=2)
     collect_s = time.perf_counter() - t0
-    specs = {"sjlt": ProjectionSpec(dim=2048, kept_fraction=0.1),
+    specs = {"sjlt": ProjectionSpec(kind="sjlt", dim=2048, kept_fraction=0.1),
              "tensorsketch": ProjectionSpec(kind="tensorsketch", dim=sketch_dim),
              "factored": ProjectionSpec(kind="factored", factor_in=16, factor_out=16)}
     sides = {name: side(model_path, spec) for name, spec in specs.items()}

@@ -119,7 +119,8 @@ def main(argv=None) -> None:
     fields = {k: v for k, v in {"kept_fraction": a.kept_fraction, "dim": a.dim}.items() if v is not None}
     factored = ProjectionSpec(kind="factored", factor_in=a.factor, factor_out=a.factor)
     sketch = ProjectionSpec(kind="tensorsketch", dim=a.sketch_dim) if a.sketch_dim else None
-    r = run(a.quick, a.out, a.workdir or a.out / "work", ProjectionSpec(**fields), factored, sketch, a.name)
+    sjlt = ProjectionSpec(**{"kind": "sjlt", "dim": 32768, "kept_fraction": 0.1, **fields})  # the former default
+    r = run(a.quick, a.out, a.workdir or a.out / "work", sjlt, factored, sketch, a.name)
     s = r["seconds_per_prompt"]
     print(f"seconds a prompt: plain {s['plain']:.4f}, sjlt {s['sjlt']:.4f}, factored {s['factored']:.4f}; "
           f"factored/plain {r['ratios']['factored_over_plain']:.3f}, sjlt/factored "

@@ -92,7 +92,7 @@ def run(n_prompts: int, out: Path, smoke: bool = False, token_budget: int | None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shape = SMOKE if smoke else QWEN25_15B
     model = build_model(device, shape)
-    spec = ProjectionSpec(kept_fraction=KEPT_FRACTION)
+    spec = ProjectionSpec(kind="sjlt", dim=32768, kept_fraction=KEPT_FRACTION)  # the sjlt side, as measured
     shapes = {k: tuple(p.shape) for k, p in model.named_parameters()}
     t0 = time.perf_counter()
     projector = make_projector(spec, shapes, device=device)

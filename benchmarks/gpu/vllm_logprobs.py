@@ -69,7 +69,7 @@ def stored_vs_gradient(model_path: str, store: TrajectoryStore) -> float:
     """max |stored behavior log-prob - GradientComputer's log-prob| over every response token."""
     model = load_causal_lm(model_path, device="cuda")
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    computer = GradientComputer(model, make_projector(ProjectionSpec(dim=8), shapes, device="cuda"))
+    computer = GradientComputer(model, make_projector(ProjectionSpec(kind="sjlt", dim=8), shapes, device="cuda"))
     worst = 0.0
     for traj in store.iter_prompts():
         prompt, responses = list(traj.prompt_token_ids), [list(r) for r in traj.responses]
