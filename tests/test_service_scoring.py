@@ -1,6 +1,7 @@
 """The service's scoring job over the real library, through HTTP: a request that names no projection
 is scored with the one default spec (cropi.projection.spec.DEFAULT_SPEC), and a selector other than
-the default has its ranking (stored under the selector's name) read back and served.
+the default has its ranking (stored under the selector's name) read back and served; a projection
+kind no projector implements is refused naming the known ones.
 
 The golden case's model and prompts (tests/golden), their trajectories collected once; the jobs run
 in the service's own worker process. About a minute on 2 cores."""
@@ -19,7 +20,7 @@ from cropi.projection.spec import DEFAULT_SPEC, ProjectionSpec
 from cropi.store import GradientStore
 from cropi_service.api.app import create_app
 from support.golden import COLLECT, GOLDEN, MODEL, cli
-from support.service import Env, make_settings
+from support.service import Env, make_settings, svc  # noqa: F401  (svc: a fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -91,3 +92,19 @@ def test_a_selector_other_than_the_default_is_scored_and_its_ranking_served(serv
     assert [it["prompt_id"] for it in page["items"]] == [r["prompt_id"] for r in ranked]
     chosen = [it["prompt_id"] for it in page["items"] if it["selected"]]
     assert chosen == result["selected"] and 0 < len(chosen) <= math.ceil(0.1 * pool)
+
+
+def test_an_unknown_projection_kind_is_refused_naming_the_known_ones(svc):
+    """At the HTTP edge, before any job: the refusal lists every kind a projection may name."""
+    import typing
+
+    from support.service import AUTH, assert_error
+
+    client, ids, _ = svc
+    r = client.post("/v1/checkpoints", headers=AUTH, json={
+        "name": "ck", "path": "model", "pool": ids["pool"], "validation": [ids["gsm"]],
+        "projection": {"kind": "fancy"}})
+    assert_error(r, 422, "validation_error")
+    message = r.json()["error"]["message"]
+    assert "projection.kind" in message
+    assert all(k in message for k in typing.get_args(ProjectionSpec.model_fields["kind"].annotation)), message
