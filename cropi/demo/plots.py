@@ -39,7 +39,47 @@ def draw_all(out: Path, report: dict, scores: dict, ess: dict) -> list[str]:
             ess_plot(out / ESS_PNG, ess),
             seconds_plot(out / SECONDS_PNG, report["by_train_seconds"]),
             diagnostics_plot(out / DIAGNOSTICS_PNG, report["diagnostics"])] + \
-        ([filtered_plot(out / FILTERED_PNG, report["online_filter"])] if report["online_filter"] else [])
+        ([filtered_plot(out / FILTERED_PNG, report["online_filter"])] if report["online_filter"] else []) + \
+        ([checks_plot(out / CHECKS_PNG, report["checks"])] if report.get("checks") else [])
+
+
+CHECKS_PNG = "checks_by_stage.png"
+_ACTION_MARKERS = {"kept": "o", "reverted": "X", "widened": "^"}
+
+
+def checks_plot(path: Path, records: dict) -> str:
+    """One panel per stage of the checked method(s): the validation objective at the stage's start and after
+    each part (x: steps into the stage), per seed, with the check's margin as an error bar; a cross marks a
+    reversal (the stage went back to its best checkpoint and switched arm), a triangle a widening."""
+    import matplotlib.pyplot as plt
+
+    method, seeds = sorted(records.items())[0]
+    stages = sorted({m for st in seeds.values() for m in st}, key=int)
+    fig, axes = plt.subplots(1, len(stages), figsize=(3.2 * len(stages), 3.4), sharey=True, squeeze=False)
+    for ax, m in zip(axes[0], stages):
+        for i, (seed, st) in enumerate(sorted(seeds.items())):
+            if m not in st:
+                continue
+            rec = st[m]
+            xs, ys, errs, marks, x = [0], [rec["start"]["objective"]], [0.0], ["o"], 0
+            for part in rec["parts"]:
+                x += part["steps"]
+                xs.append(x)
+                ys.append(part["objective"])
+                errs.append(part.get("margin") or 0.0)
+                action = "reverted" if "reverted" in part["action"] else "widened" if part.get("widened") else "kept"
+                marks.append(_ACTION_MARKERS[action])
+            line = ax.errorbar(xs, ys, yerr=errs, capsize=2, lw=1, alpha=0.8, label=f"seed {seed}")
+            for xx, yy, mk in zip(xs, ys, marks):
+                ax.plot([xx], [yy], marker=mk, ms=7 if mk != "o" else 3, color=line[0].get_color())
+        ax.set_title(f"stage {m}")
+        ax.set_xlabel("steps into the stage")
+    axes[0][0].set_ylabel(f"{method}: validation objective")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
 
 
 def diagnostics_plot(path: Path, diagnostics: dict) -> str:

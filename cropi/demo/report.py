@@ -13,7 +13,9 @@ greedy accuracy is reported beside it. report.json keys:
   method_x, censored, reason), with mean / std / min / max; ``acceleration_by_method`` the same for
   every method; ``acceleration_at_share``: share ("0.5", "0.75", "0.9") -> method -> the same
 - ``wallclock_acceleration_by_method``: the 90% figure in seconds, each method's own scoring counted
-  (collection, gradients, ranking at every stage: ``cost_s``); ``auc_by_method``: mean target
+  (collection, gradients, ranking at every stage) and its checks; ``cost_s``: method -> seed -> stage ->
+  {scoring, checks, training} seconds, ``cost_shares`` their shares; ``checks``: method -> seed -> stage -> every
+  check and decision of a checked stage, ``check_cases`` the cases per stage; ``auc_by_method``: mean target
   accuracy over the run (area under the curve / steps)
 - ``final``: method -> mean final accuracy per test split (sampled and greedy)
 - ``selection``: method -> stage -> mean share of each skill and level in the stage subset,
@@ -23,7 +25,7 @@ greedy accuracy is reported beside it. report.json keys:
 - ``trainer``: mean seconds per step (sampling, update) and per evaluation
 - ``by_train_seconds``: method -> seed -> [training seconds, sampled accuracy] at every evaluation
 - ``online_filter``: online-filter methods -> filtered fraction per step, filter cost, early stops
-- ``default_selector``: the product's default selector (cropi.selection.DEFAULT_SELECTOR);
+- ``default_selector``: the product's default method (``checked``: cropi.demo.settings.DEFAULT_METHOD, when run);
   ``versus_informative``: method -> whether it beats the informative control on AUC and at 75% and 90%
   (the decision rule of docs/demo.md, per task); ``wallclock_acceleration_at_share``: the wall-clock
   figure at every share
@@ -46,7 +48,8 @@ import pyarrow.parquet as pq
 from cropi.data import load_prompts
 from cropi.demo.acceleration import HEADLINE, SHARES, acceleration, aggregate, area_under_curve
 from cropi.demo.diagnostics import stage_diagnostics
-from cropi.demo.settings import DemoSettings
+from cropi.demo import checks
+from cropi.demo.settings import DEFAULT_METHOD, DemoSettings
 from cropi.pipeline.rank import pool_labels
 from cropi.scoring.diagnostics import selection_mix
 from cropi.selection import DEFAULT_SELECTOR, RANKING_SELECTORS, get_selector
@@ -70,10 +73,13 @@ def write_outputs(out: Path, settings: DemoSettings, task: Task, data: dict, run
 
 
 def build_report(settings: DemoSettings, task: Task, data: dict, runs: list[dict], timing: dict) -> dict:
-    by_step = accuracy_by_step(runs, settings.eval_samples)
+    by_step = checks.on_grid(accuracy_by_step(runs, settings.eval_samples), checks.checked_methods(runs))
     methods = [m for m in sorted(by_step) if m != "full"]
     at_share = {str(q): {m: step_acceleration(by_step, m, q) for m in methods} for q in SHARES}
-    by_seconds = accuracy_by_train_seconds(runs, settings.eval_samples, scoring_cost(runs, timing, settings))
+    scoring = scoring_cost(runs, timing, settings)
+    cost = checks.cost_split(runs, scoring)
+    by_seconds = accuracy_by_train_seconds(runs, settings.eval_samples, checks.with_checks(scoring, cost))
+    records = checks.check_records(runs)
     by_method = at_share[str(HEADLINE)]
     wallclock = {str(q): {m: wallclock_acceleration(by_seconds, m, q) for m in methods} for q in SHARES}
     aucs = {m: auc(by_step, m) for m in sorted(by_step)}
@@ -90,10 +96,13 @@ def build_report(settings: DemoSettings, task: Task, data: dict, runs: list[dict
         "wallclock_acceleration_by_method": wallclock[str(HEADLINE)],
         "wallclock_acceleration_at_share": wallclock,
         "auc_by_method": aucs,
-        "default_selector": DEFAULT_SELECTOR,
+        "default_selector": DEFAULT_METHOD if DEFAULT_METHOD in settings.methods else DEFAULT_SELECTOR,
         "versus_informative": versus_informative(at_share, aucs),
         "diagnostics": stage_diagnostics(runs, task, data["pool"], settings.batch_prompts, settings.eval_samples),
-        "cost_s": scoring_cost(runs, timing, settings),
+        "cost_s": cost,
+        "cost_shares": checks.cost_shares(cost),
+        "checks": records,
+        "check_cases": checks.stage_cases(records),
         "final": final_accuracy(by_step),
         "selection": stage_mix(runs, data["pool"]),
         "selection_warnings": selection_warnings(runs),
@@ -426,7 +435,7 @@ def markdown(report: dict) -> str:
               "bound). Steps: to reach 50 / 75 / 90% of full-pool training's own gain (90% is the headline). "
               "Wall-clock: the 90% figure in seconds, each method's training steps plus its own scoring "
               "(collection, gradients, ranking at every stage). AUC: mean target accuracy over the run.", ""]
-    lines += _verdict_lines(report) + _diagnostics_lines(report)
+    lines += _verdict_lines(report) + _diagnostics_lines(report) + checks.markdown_lines(report)
     for metric in METRICS:
         lines += [f"## Target accuracy ({metric}) by training step (mean ± std over seeds)", ""]
         c = report["curves"][metric]

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 from cropi.data import write_jsonl
 from cropi.demo.assets import place_model, task_splits
 from cropi.demo.log import say
-from cropi.demo.settings import ONLINE_METHODS, VARIANTS, DemoSettings, selection_of
+from cropi.demo.settings import DEFAULT_METHOD, ONLINE_METHODS, VARIANTS, DemoSettings, selection_of
 from cropi.demo.work import init_worker, run_collect, run_gradients, run_method
 from cropi.pipeline.curriculum import (CollectOptions, CurriculumConfig, CurriculumPaths, collect_jobs,
                                        gradient_jobs, scoring_splits)
@@ -125,11 +125,17 @@ def curriculum_config(settings: DemoSettings, task: Task, method: str, seed: int
         trainer="lean", trainer_options=settings.trainer_options(test_files(task, data), method, validation),
         seed=seed,
         reward=settings.reward,
-        **VARIANTS.get(method, {}),
+        **_variant(settings, method),
         collect=CollectOptions(pool_samples=settings.pool_samples, validation_samples=settings.validation_samples,
                                temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
                                seed=0, backend="hf", batch_prompts=64, backend_options={"max_batch_rows": 512}),
         gradient_dtype="float32", device="cpu")
+
+
+def _variant(settings: DemoSettings, method: str) -> dict:
+    """The curriculum fields a method sets beyond its selector: only the default method is checked."""
+    check = {"enabled": True, "samples": settings.check_samples} if method == DEFAULT_METHOD else {"enabled": False}
+    return VARIANTS.get(method, {}) | {"check": check}
 
 
 def run_label(method: str) -> str:

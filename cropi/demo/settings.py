@@ -13,13 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from cropi.errors import InvalidInputError, format_validation_error
 from cropi.tasks.base import DEFAULT_TASK, POOL, Task, load_task
 
-# The comparison: the default selector (diverse), CROPI's rule, the pool, and the selections they have to
-# beat or approach. ``informative``
+# The comparison: the default (``checked``: CROPI's rule with the stage check, cropi.pipeline.curriculum.check),
+# CROPI's rule and diverse unchecked, the pool, and the selections they have to beat or approach. ``informative``
 # (a random fraction of the mixed-reward prompts) isolates what influence adds over a variance filter.
 # Every other selector of the registry (cropi.selection) is a method too, opt-in with ``methods``.
-METHODS = ("diverse", "cropi", "full", "random", "pass_rate", "informative", "oracle")
+DEFAULT_METHOD = "checked"
+METHODS = (DEFAULT_METHOD, "cropi", "diverse", "full", "random", "pass_rate", "informative", "oracle")
 # CROPI with one scoring option changed (opt-in with ``methods``): demo method -> curriculum config fields.
-VARIANTS: dict[str, dict[str, Any]] = {"cropi_by_answer": {"validation_groups": "answer"},
+VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": True}},
+                                       "cropi_by_answer": {"validation_groups": "answer"},
                                        "cropi_theta": {"loss": {"advantage": "theta"}},
                                        # issue 18's refresh at the setting benchmarks/offpolicy.py measured
                                        "cropi_theta_refresh": {"loss": {"advantage": "theta"},
@@ -67,6 +69,7 @@ class DemoSettings(BaseModel):
     eval_samples: int = Field(4, ge=1, description="k of the sampled test accuracy mean@k")
     reward: Optional[str] = Field(None, description="reward name (default: the task's)")
     workers: int = Field(2, ge=1, description="processes running curricula side by side (one per core)")
+    check_samples: int = Field(4, ge=1, description="the checked method: draws per validation prompt at a check")
     iif_p: float = Field(0.25, gt=0, le=1, description="online methods iif, random_filter, cropi+iif: IIF's p")
 
     @model_validator(mode="before")
@@ -86,6 +89,8 @@ class DemoSettings(BaseModel):
             raise ValueError(f"unknown methods {unknown}; choose from {known}")
         if "full" not in self.methods or "cropi" not in self.methods:
             raise ValueError("the demo compares CROPI with full-pool training: keep 'cropi' and 'full' in methods")
+        if self.stages * self.steps_per_stage < 2 and DEFAULT_METHOD in self.methods:
+            raise ValueError("a checked curriculum needs at least 2 steps in all")
         task = self.load_task()
         too_big = [f"{name} {getattr(self, name)} (at most {most})" for name, most in _largest(task).items()
                    if getattr(self, name) > most]
@@ -108,7 +113,8 @@ class DemoSettings(BaseModel):
         largest = _largest(load_task(overrides.get("task", DEFAULT_TASK)))
         small = dict(seeds=2, pool_size=min(360, largest["pool_size"]), val_size=min(24, largest["val_size"]),
                      test_size=min(60, largest["test_size"]), stages=2, steps_per_stage=15, validation_samples=8,
-                     projection_dim=512, eval_every=5, eval_samples=4, select_fraction=0.25, batch_prompts=8)
+                     projection_dim=512, eval_every=5, eval_samples=4, select_fraction=0.25, batch_prompts=8,
+                     check_samples=8)  # 24 validation prompts a set resolve the check's margin at 8 draws, not 4
         return cls(**(small | overrides))
 
     @classmethod
@@ -135,7 +141,9 @@ class DemoSettings(BaseModel):
         options = {"lr": self.lr, "batch_prompts": self.batch_prompts, "rollouts": self.rollouts,
                    "kl_coef": self.kl_coef, "max_new_tokens": self.max_new_tokens, "eval_files": test_files,
                    "eval_every": self.eval_every, "eval_samples": self.eval_samples,
-                   "stage_eval_files": dict(validation_files or {})}
+                   # a checked stage measures the validation sets itself (its checks); the others read them at
+                   # every stage's start and end for the report's diagnostics
+                   "stage_eval_files": {} if method == DEFAULT_METHOD else dict(validation_files or {})}
         if method in ONLINE_METHODS:
             policy = ONLINE_METHODS[method][1]
             online = {"policy": policy, "projection": {"kind": "sjlt", "dim": self.projection_dim,
@@ -152,7 +160,7 @@ def known_methods() -> list[str]:
     """Every selector of the registry, then the CROPI variants and the online filters."""
     from cropi.selection import SELECTORS
 
-    return [*METHODS, *(s for s in SELECTORS if s not in METHODS), *VARIANTS, *ONLINE_METHODS]
+    return list(dict.fromkeys([*METHODS, *(s for s in SELECTORS if s not in METHODS), *VARIANTS, *ONLINE_METHODS]))
 
 
 def selection_of(method: str) -> str:

@@ -10,6 +10,9 @@ SELECTORS = tuple(REGISTRY)
 # Chosen by issue 27's decision rule, fixed before its runs (docs/demo.md): the best of the selectors
 # against the informative control on lists and skills (benchmarks/results/demo/selectors/decision.json).
 DEFAULT_SELECTOR = "diverse"
+# A checked curriculum's second arm (cropi.pipeline.curriculum.check): where CROPI's rule loses (lists) it is the
+# best measured, 1.70x against informative's 0.94x (docs/demo.md, issue 32's design).
+FALLBACK_SELECTOR = "diverse"
 # Selectors computed beside the influence ranking (by the score step), the others from theta_0's trajectories.
 RANKING_SELECTORS = tuple(n for n, s in REGISTRY.items() if "ranking" in s.needs)
 
@@ -21,5 +24,5 @@ def select(name: str, inputs: SelectionInputs, options=None) -> Selection:
     return Selection(name, opts.model_dump(mode="json"), selector.select(inputs, opts))
 
 
-__all__ = ["DEFAULT_SELECTOR", "RANKING_SELECTORS", "REGISTRY", "SELECTORS", "NoOptions", "Selection",
+__all__ = ["DEFAULT_SELECTOR", "FALLBACK_SELECTOR", "RANKING_SELECTORS", "REGISTRY", "SELECTORS", "NoOptions", "Selection",
            "SelectionInputs", "Selector", "fraction_count", "get_selector", "pass_rate_score", "pass_rates", "select"]

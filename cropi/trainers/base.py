@@ -78,6 +78,9 @@ class TrainerAdapter(ABC):
 
     name: ClassVar[str]
     options_model: ClassVar[type[GrpoOptions]] = GrpoOptions
+    # Whether ``train_stage`` may be called for part of a stage from any checkpoint of the run it saved (a
+    # checked stage trains in parts and restores by training on from an earlier part's checkpoint).
+    runs_in_parts: ClassVar[bool] = True
 
     def __init__(self, options: Optional[GrpoOptions] = None, **overrides: Any):
         if options is not None and overrides:

@@ -74,6 +74,9 @@ class VerlTrainer(TrainerAdapter):
     """Train a stage by launching verl in a subprocess, then merge its actor into a HF folder."""
 
     name = NAME
+    # One verl run continues across stages in one folder (resume_mode=auto): it cannot train on from an earlier
+    # checkpoint of itself, so its stages run unchecked (the stage record says so).
+    runs_in_parts = False
     options_model = VerlOptions
 
     def train_stage(self, *, model: str, subset: str, out_dir: str, steps: int, seed: int, stage: int,

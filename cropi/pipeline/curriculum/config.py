@@ -11,6 +11,7 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator, mode
 from cropi.contracts import NAME_HELP, is_name
 from cropi.errors import InvalidInputError, format_validation_error
 from cropi.generation import CollectOptions
+from cropi.pipeline.curriculum.check import CheckOptions
 from cropi.pipeline.rank import SelectorName
 from cropi.pipeline.requests import RefreshOptions, ScoreRequest, ScoringSettings, validation_names
 from cropi.selection import RANKING_SELECTORS, SELECTORS, get_selector
@@ -43,6 +44,8 @@ class CurriculumConfig(ScoringSettings):
     seed: int = Field(0, ge=0)
     reward: str = CollectOptions.model_fields["reward"]
     recollect_each_stage: bool = False
+    check: CheckOptions = Field(default_factory=CheckOptions, description="train each stage in parts and check its "
+                                "effect on the validation sets after each (cropi.pipeline.curriculum.check)")
     refresh: Optional[RefreshOptions] = Field(
         None, description="CROPI, at every stage after the first: re-collect the pool prompts this picks at "
                           "theta_m and rank them from their fresh gradients (cropi.pipeline.refresh)")
@@ -62,6 +65,7 @@ class CurriculumConfig(ScoringSettings):
             raise ValueError(f"selector {self.selector!r} reads the validation sets: give at least one "
                              "under 'validation' (split name -> prompt file)")
         get_selector(self.selector).parse_options(self.selector_options)
+        get_selector(self.check.fallback)  # an unknown fallback fails here, naming the known selectors
         if self.refresh is not None and (not self.ranks or self.recollect_each_stage):
             raise ValueError("'refresh' re-collects part of the pool that CROPI reuses from the initial model: it "
                              f"needs a ranking selector ({', '.join(RANKING_SELECTORS)}) and recollect_each_stage "
@@ -121,6 +125,8 @@ class CurriculumConfig(ScoringSettings):
                 doc.pop(later)
         doc["loss"] = self.loss.recorded()  # CROPI's estimator as before the choice existed
         doc["projection"] = self.projection.recorded()  # no factor fields unless the kind is factored
+        if doc["check"] == CheckOptions().model_dump(mode="json"):
+            doc.pop("check")  # added later, on by default: curricula started before keep their key
         if doc["refresh"] is None:
             doc.pop("refresh")  # added later, as validation_groups
         if doc["validation_groups"] == "none":

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from cropi.data import PromptRecord, load_prompts
-from cropi.pipeline.curriculum import steps
+from cropi.pipeline.curriculum import parts, steps
 from cropi.pipeline.curriculum.config import CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumConflictError, CurriculumPaths, StageState, summary
 from cropi.pipeline.progress import Progress, report
@@ -50,7 +50,14 @@ def _run_stage(config: CurriculumConfig, paths: CurriculumPaths, state: StageSta
         if "scored" not in stage:  # with its wall seconds: what the method's selection cost at this stage
             state.finish(m, "scored", scored.record | {"seconds": round(time.monotonic() - started, 3)})
         state.finish(m, "selected", steps.select_stage(config, paths, m, pool, scored.chosen, scored.mix))
-    state.finish(m, "trained", steps.train(config, paths, m, model, stage["selected"]["subset"], trainer))
+    unchecked = parts.checked(config, trainer)
+    if unchecked is None:  # trained in parts, each checked (cropi.pipeline.curriculum.check)
+        pick = lambda selector, fraction: steps.select_ids(config, paths, m, pool, model, selector, fraction)  # noqa: E731
+        trained = parts.run_checked_stage(config, paths, state, m, pool, trainer, pick, progress)
+    else:
+        trained = steps.train(config, paths, m, model, stage["selected"]["subset"], trainer) | {
+            "checked": False, "unchecked": unchecked}
+    state.finish(m, "trained", trained)
     steps.write_metrics(paths, m, stage)
 
 

@@ -95,7 +95,32 @@ def summary(doc: dict, stages: int | None = None) -> dict:
                      "metrics": trained.get("metrics", {}), "metrics_path": trained.get("metrics_path"),
                      "passes": trained.get("passes"),
                      "score_s": s.get("scored", {}).get("seconds"), "selection": selected.get("diagnostics"),
-                     "refreshed": s.get("scored", {}).get("refreshed")})
+                     "refreshed": s.get("scored", {}).get("refreshed"), "checks": check_summary(s),
+                     "cost_s": stage_cost(s)})
     done = [r for r in rows if r["checkpoint"]]
     return {"name": doc["name"], "method": doc["config"].get("selector", doc["config"].get("method")), "finished": bool(doc.get("finished")),
             "stages": rows, "final_checkpoint": done[-1]["checkpoint"] if done else None}
+
+
+def check_summary(stage: dict) -> dict:
+    """A stage's checks as its answer shows them: per check the arm, fraction, objective, change against
+    the stage's best, its SE and margin, and the action; the stage's case(s); or why it ran unchecked."""
+    trained, record = stage.get("trained", {}), stage.get("check") or {}
+    if not trained.get("checked"):
+        return {"checked": False, "reason": trained.get("unchecked") or record.get("unchecked")}
+    keys = ("index", "arm", "fraction", "steps", "objective", "change", "se", "margin", "action", "zero_share",
+            "widened", "race", "n_prompts")
+    start, end = record.get("start", {}), record.get("end", {})
+    return {"checked": True, "plan": {k: v for k, v in record.get("plan", {}).items() if k != "variance"},
+            "start": {"arm": start.get("arm"), "fraction": start.get("fraction"), "objective": start.get("objective")},
+            "race": [{k: e.get(k) for k in keys} for e in record.get("race", [])],
+            "parts": [{k: e.get(k) for k in keys} for e in record.get("parts", [])],
+            "end": {k: end.get(k) for k in ("arm", "fraction", "objective", "change", "margin", "cases")}}
+
+
+def stage_cost(stage: dict) -> dict:
+    """A stage's seconds: scoring (its ranking, and re-selections for the check), checks, training."""
+    scored, metrics = stage.get("scored", {}), stage.get("trained", {}).get("metrics", {})
+    return {"scoring": round((scored.get("seconds") or 0.0) + (metrics.get("select_s") or 0.0), 3),
+            "checks": metrics.get("check_s") or 0.0,
+            "training": metrics.get("train_s", metrics.get("runtime_s")) or 0.0}

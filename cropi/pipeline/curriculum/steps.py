@@ -51,7 +51,8 @@ class StageScore:
     mix: Optional[dict] = None  # a ranking selector's record of its selection (cropi.pipeline.rank.selection_signal)
 
 
-def score(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, progress: Progress) -> StageScore:
+def score(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, progress: Progress, *,
+          write: bool = True) -> StageScore:
     needs = get_selector(config.selector).needs
     if not config.ranks and "pass_rates" not in needs:  # full, random, oracle: nothing to score
         return StageScore({"model": model, "ranking": None}, None)
@@ -61,7 +62,8 @@ def score(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, 
         trajectories = ensure_trajectories(request, paths.root, progress)
         rates = _pass_rates(trajectories[POOL])
         out = paths.stage(m) / "ranking.parquet"  # the pass rates: these selectors' only record of their scores
-        _write_table(out, _pass_rate_table(rates))
+        if write:
+            _write_table(out, _pass_rate_table(rates))
         picked = select(config.selector, _inputs(config, m, pass_rates=rates), config.selector_options)
         return StageScore({"model": model, "behavior": behavior, "ranking": str(out), "trajectories": trajectories,
                            **picked.record()}, picked.chosen)
@@ -103,6 +105,19 @@ def select_stage(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool:
         skew = field_skew(chosen, fields)
         mix = mix | {"fields": skew["fields"], "warnings": mix["warnings"] + skew["warnings"]}
     return {"subset": str(subset), "n_prompts": len(chosen), "pool_size": len(pool), "diagnostics": mix}
+
+
+def select_ids(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool: dict[str, PromptRecord], model: str,
+               selector: str, fraction: float) -> list[str]:
+    """The prompts ``selector`` picks at ``fraction`` at stage ``m`` (``model`` is theta_m): a checked stage's
+    other arm or a widened subset. Steps 1 and 2 as the stage ran them, with that selector and fraction: the
+    gradients and trajectories already stored are reused, only the ranking's selection is made again."""
+    other = config.model_copy(update={"selector": selector, "select_fraction": fraction, "selector_options": {}})
+    scored = score(other, paths, m, model, lambda *a: None, write=False)
+    if scored.chosen is not None:
+        return scored.chosen
+    validation = [r for path in config.validation.values() for r in load_prompts(path)]
+    return select(selector, _inputs(other, m, records=pool, validation=validation)).chosen
 
 
 def train(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, subset: str, trainer) -> dict:

@@ -1,0 +1,116 @@
+"""The demo report's view of checked stages (cropi.pipeline.curriculum.check): every check and decision,
+each stage's case, the seconds of scoring, checks and training, and the checked runs' accuracy on the
+same step grid as the others.
+
+A checked run's steps are steps spent (a reverted part and the race's losing part count), and its
+trainer evaluates the test splits at each part's end as well as every few steps; ``on_grid`` reads
+its accuracy at the unchecked runs' evaluation steps as the latest evaluation at or before each (the
+model the run held at that many spent steps), so every method's curve has the same steps.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+
+def checked_methods(runs: list[dict]) -> set[str]:
+    return {r["method"] for r in runs if any((st.get("checks") or {}).get("checked") for st in r["stages"])}
+
+
+def on_grid(by_step: dict, methods: set[str], reference: str = "full") -> dict:
+    """``by_step`` with each of ``methods``' seeds read at ``reference``'s evaluation steps of that seed."""
+    out = dict(by_step)
+    for method in methods & set(by_step):
+        seeds = {}
+        for seed, acc in by_step[method].items():
+            grid = sorted(int(s) for s in by_step.get(reference, {}).get(seed, acc))
+            own = sorted(int(s) for s in acc)
+            seeds[seed] = {str(g): acc[str(max([s for s in own if s <= g] or own[:1]))] for g in grid}
+        out[method] = seeds
+    return out
+
+
+def check_records(runs: list[dict]) -> dict:
+    """method -> seed -> stage -> the stage's checks (cropi.pipeline.curriculum.state.check_summary)."""
+    out: dict = defaultdict(dict)
+    for run in runs:
+        stages = {str(st["index"]): st["checks"] for st in run["stages"] if (st.get("checks") or {}).get("checked")}
+        if stages:
+            out[run["method"]][str(run["seed"])] = stages
+    return dict(out)
+
+
+def stage_cases(records: dict) -> dict:
+    """method -> stage -> how many seeds saw each case (helped, reversed, saturated, flat)."""
+    out: dict = {}
+    for method, seeds in records.items():
+        by_stage: dict = defaultdict(Counter)
+        for stages in seeds.values():
+            for m, chk in stages.items():
+                by_stage[m].update(chk["end"]["cases"] or [])
+        out[method] = {m: dict(c) for m, c in sorted(by_stage.items(), key=lambda kv: int(kv[0]))}
+    return out
+
+
+def cost_split(runs: list[dict], scoring: dict) -> dict:
+    """method -> seed -> stage -> {scoring, checks, training} seconds; ``scoring`` is the report's per-stage
+    scoring cost (shared phases included), checks and training come from the stage records."""
+    out: dict = defaultdict(dict)
+    for run in runs:
+        per = {}
+        for st in run["stages"]:
+            m = str(st["index"])
+            cost = st.get("cost_s") or {}
+            per[m] = {"scoring": round(scoring.get(run["method"], {}).get(str(run["seed"]), {}).get(m, 0.0)
+                                       + (cost.get("scoring", 0.0) - (st.get("score_s") or 0.0)), 3),
+                      "checks": round(cost.get("checks", 0.0), 3), "training": round(cost.get("training", 0.0), 3)}
+        out[run["method"]][str(run["seed"])] = per
+    return dict(out)
+
+
+def cost_shares(split: dict) -> dict:
+    """method -> mean over seeds and stages of each part's share of a stage's seconds, and checks over the
+    stage's training (the issue's two cost figures)."""
+    out = {}
+    for method, seeds in split.items():
+        rows = [c for stages in seeds.values() for c in stages.values()]
+        total = [sum(c.values()) or 1.0 for c in rows]
+        out[method] = {"checks_of_stage": sum(c["checks"] / t for c, t in zip(rows, total)) / len(rows),
+                       "scoring_of_stage": sum(c["scoring"] / t for c, t in zip(rows, total)) / len(rows),
+                       "scoring_and_checks_over_training": sum((c["scoring"] + c["checks"]) / max(c["training"], 1e-9)
+                                                               for c in rows) / len(rows)}
+    return out
+
+
+def with_checks(scoring: dict, split: dict) -> dict:
+    """The per-stage seconds the wall-clock figures count: scoring plus checks."""
+    return {m: {s: {k: v["scoring"] + v["checks"] for k, v in stages.items()} for s, stages in seeds.items()}
+            for m, seeds in split.items()} if split else scoring
+
+
+def markdown_lines(report: dict) -> list[str]:
+    """The report's section on the checked stages: the cases per stage, and the cost split."""
+    records, cases = report.get("checks") or {}, report.get("check_cases") or {}
+    if not records:
+        return []
+    lines = ["## The checked stages", "",
+             "Each stage of the checked method trains in parts; after each the validation objective is measured "
+             "and the stage keeps going, falls back (`reversed`: restored its best checkpoint and switched arm) or "
+             "widens its fraction (`saturated`). `helped`: the stage ended above its start by more than the "
+             "check's margin. Seeds per case:", "",
+             "| method | stage | cases | arms at the end | fraction at the end |", "|---|---|---|---|---|"]
+    for method, by_stage in cases.items():
+        for m, counts in by_stage.items():
+            ends = [seeds[m]["end"] for seeds in records[method].values() if m in seeds]
+            arms = Counter(e["arm"] for e in ends)
+            fractions = Counter(str(e["fraction"]) for e in ends)
+            lines.append(f"| {method} | {m} | " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+                         + " | " + ", ".join(f"{k} {v}" for k, v in sorted(arms.items())) + " | "
+                         + ", ".join(f"{k} {v}" for k, v in sorted(fractions.items())) + " |")
+    shares = report.get("cost_shares") or {}
+    if shares:
+        lines += ["", "| method | checks / stage | scoring / stage | (scoring + checks) / training |", "|---|---|---|---|"]
+        for method, s in shares.items():
+            lines.append(f"| {method} | {s['checks_of_stage']:.1%} | {s['scoring_of_stage']:.1%} | "
+                         f"{s['scoring_and_checks_over_training']:.2f} |")
+    return lines + [""]

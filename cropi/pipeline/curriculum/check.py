@@ -1,0 +1,192 @@
+"""The stage check: what a stage's subset does to the validation objective, and what to do about it.
+
+A checked stage is trained in parts (cropi.pipeline.curriculum.parts runs them); after each part this
+module measures the *validation objective* (the mean over the targeted validation sets of the mean
+pass rate of a fixed sample of their prompts, ``samples`` draws a prompt at the trainer's
+temperature) and decides, from the measured noise alone:
+
+- ``reverted``: the objective fell below the stage's best by more than ``z * SE`` (``paired_change``:
+  the same prompts and random streams at both checkpoints, the SE from the per-prompt changes'
+  unbiased variance), ``z`` one-sided at ``alpha`` Bonferroni-split over the stage's checks;
+- ``widened``: the part's share of all-equal reward groups (zero gradient) exceeds the pool's expected
+  share (``flat_share``) by more than ``z_{1-alpha}`` binomial standard errors;
+- ``kept`` otherwise. The sample size follows from the noise it must resolve (``sample_size``).
+
+Only validation sets are read, never test splits. docs/demo.md states the design and why.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from cropi.selection import FALLBACK_SELECTOR
+
+_NORMAL = NormalDist()
+
+
+class CheckOptions(BaseModel):
+    """How a curriculum stage checks its own effect (on by default)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(True, description="train each stage in parts and check the validation objective after each")
+    parts: int = Field(4, ge=1, le=64, description="checks a stage (its steps split evenly; at most one per step)")
+    samples: int = Field(4, ge=1, le=64, description="draws per validation prompt at a check")
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="chance per stage of a fallback when nothing changed")
+    power: float = Field(0.8, gt=0.5, lt=1, description="chance of detecting a fall of `resolve`")
+    resolve: float = Field(0.1, gt=0, le=1, description="the fall of the validation pass rate the check must "
+                                                        "detect: sizes its prompt sample")
+    fallback: str = Field(FALLBACK_SELECTOR, description="the second arm: the selector a stage falls back to")
+    race: bool = Field(True, description="stage 0's first part trains both arms and keeps the better")
+    widen: bool = Field(True, description="double the selected fraction when the subset saturates")
+
+
+def z_value(p: float) -> float:
+    """The standard normal quantile ``Phi^-1(p)``."""
+    return _NORMAL.inv_cdf(p)
+
+
+def reversal_z(options: CheckOptions, checks: int) -> float:
+    """One-sided ``z`` at ``alpha`` split over the stage's ``checks`` comparisons (Bonferroni)."""
+    return z_value(1 - options.alpha / max(checks, 1))
+
+
+def paired_change(after: Mapping[str, np.ndarray], before: Mapping[str, np.ndarray]) -> tuple[float, float]:
+    """Change of the objective (mean over sets of the per-prompt mean) and its standard error.
+
+    Both read the same prompts of every set, so per set the change is the mean of the per-prompt
+    differences ``d`` and its variance ``var(d) / n`` (unbiased, n - 1); the objective weighs the ``J``
+    sets equally: ``SE^2 = sum_j var_j(d) / (J^2 n_j)``."""
+    sets = sorted(before)
+    diffs = [np.asarray(after[s], dtype=np.float64) - np.asarray(before[s], dtype=np.float64) for s in sets]
+    mean = float(np.mean([d.mean() for d in diffs]))
+    var = sum((d.var(ddof=1) if len(d) > 1 else 0.25) / len(d) for d in diffs) / len(sets) ** 2
+    return mean, math.sqrt(var)
+
+
+def objective(values: Mapping[str, np.ndarray]) -> float:
+    """Mean over the sets of the mean per-prompt pass rate."""
+    return float(np.mean([np.mean(v) for v in values.values()]))
+
+
+def sample_size(variance: float, options: CheckOptions, sets: int, checks: int) -> int:
+    """Prompts per set so that a fall of ``resolve`` is detected with ``power`` at the reversal ``z``:
+    the paired change of one prompt has variance ``2 v / k`` (two independent draws of ``k`` samples
+    where nothing changed), the objective averages ``J`` sets of ``n``: ``SE^2 = 2 v / (k J n)``."""
+    z = reversal_z(options, checks) + z_value(options.power)
+    return max(2, math.ceil(z * z * 2 * variance / (options.samples * sets * options.resolve ** 2)))
+
+
+def prompt_variance(rewards: Sequence[Sequence[float]]) -> float:
+    """Mean unbiased ``p (1 - p)`` over prompts from their offline rewards (``K/(K-1) p^(1 - p^)``)."""
+    out = []
+    for r in rewards:
+        r = [1.0 if x and x > 0 else 0.0 for x in r]
+        k = len(r)
+        if k >= 2:
+            p = sum(r) / k
+            out.append(k / (k - 1) * p * (1 - p))
+    return float(np.mean(out)) if out else 0.25
+
+
+def flat_share(correct: Sequence[int], k: int, n: int) -> float:
+    """The pool's expected share of all-equal groups of ``n`` rollouts: per prompt with ``x`` of ``k``
+    offline rewards correct, ``[C(x,n) + C(k-x,n)] / C(k,n)`` is the unbiased estimate of
+    ``p^n + (1-p)^n`` (drawing ``n`` of the ``k`` without replacement); needs ``n <= k``."""
+    if not correct:
+        return 0.0
+    n = min(n, k)
+    total = math.comb(k, n)
+    return float(np.mean([(math.comb(x, n) + math.comb(k - x, n)) / total for x in correct]))
+
+
+def saturated(share: float, groups: int, pool_share: float, options: CheckOptions) -> bool:
+    """The part's all-equal share above the pool's by more than ``z_{1-alpha}`` binomial SEs."""
+    if groups <= 0:
+        return False
+    se = math.sqrt(max(share * (1 - share), 1e-12) / groups)
+    return share - pool_share > z_value(1 - options.alpha) * se
+
+
+@dataclass
+class Verdict:
+    """One check's reading and decision (``record()`` goes into the stage record)."""
+
+    value: float
+    change: Optional[float]  # against the stage's best (None at a stage start)
+    se: Optional[float]
+    margin: Optional[float]
+    action: str
+
+    def record(self) -> dict:
+        r = lambda x: None if x is None else round(x, 6)  # noqa: E731
+        return {"objective": r(self.value), "change": r(self.change), "se": r(self.se), "margin": r(self.margin),
+                "action": self.action}
+
+
+def judge(values: Mapping[str, np.ndarray], best: Mapping[str, np.ndarray], z: float) -> Verdict:
+    """``reverted`` when the objective fell below the best's by more than ``z`` SEs, else ``kept``."""
+    change, se = paired_change(values, best)
+    margin = z * se
+    return Verdict(objective(values), change, se, margin, "reverted" if change < -margin else "kept")
+
+
+class ValidationSample:
+    """A fixed sample of each validation set's prompts, measured at a checkpoint with the same random
+    stream every time (the draws are seeded by the check's seed and each prompt's id)."""
+
+    def __init__(self, records: Mapping[str, list], seed: int, samples: int):
+        self.records, self.seed, self.samples = dict(records), seed, samples
+
+    @classmethod
+    def draw(cls, sets: Mapping[str, list], n: int, seed: int, samples: int) -> "ValidationSample":
+        """``n`` prompts of each set (all of a smaller one), drawn once from ``seed``."""
+        chosen = {}
+        for name, recs in sorted(sets.items()):
+            recs = sorted(recs, key=lambda r: r.prompt_id)
+            chosen[name] = random.Random(f"cropi.check:{seed}:{name}").sample(recs, min(n, len(recs)))
+        return cls(chosen, seed, samples)
+
+    def size(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self.records.items()}
+
+    def measure(self, checkpoint: str, *, reward: str, temperature: float, max_new_tokens: int,
+                device: str = "cpu") -> tuple[dict[str, np.ndarray], float]:
+        """Per set, each prompt's pass rate over ``samples`` draws at ``checkpoint``; and the seconds it took."""
+        from cropi.generation.base import SamplingConfig
+        from cropi.generation.hf import HFBackend
+        from cropi.generation.prompting import render_prompt
+        from cropi.rewards import get_reward, score_responses
+
+        started = time.monotonic()
+        backend = HFBackend(checkpoint, device=device, max_batch_rows=512)
+        fn = get_reward(reward)
+        cfg = SamplingConfig(samples=self.samples, temperature=temperature, max_new_tokens=max_new_tokens,
+                             seed=self.seed)
+        out = {}
+        try:
+            for name, recs in self.records.items():
+                ids = [render_prompt(backend.tokenizer, r.prompt) for r in recs]
+                groups = backend.generate(ids, [r.prompt_id for r in recs], cfg)
+                out[name] = np.array([np.mean([1.0 if (x or 0) > 0 else 0.0 for x in
+                                               score_responses(fn, [s.text for s in g], r.answer)])
+                                      for r, g in zip(recs, groups)])
+        finally:
+            backend.close()
+        return out, time.monotonic() - started
+
+
+def as_lists(values: Mapping[str, np.ndarray]) -> dict[str, list[float]]:
+    return {k: [float(x) for x in v] for k, v in values.items()}
+
+
+def from_lists(values: Mapping[str, Sequence[float]]) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}

@@ -1,0 +1,331 @@
+"""A checked stage: train it in parts, check the validation objective after each, act on it.
+
+The trainer only trains a number of steps from a checkpoint and saves (``train_stage``); restoring is
+training on from an earlier checkpoint. cropi.pipeline.curriculum.check measures and decides. The
+stage's record (``state.json``, ``stages[m]["check"]``) is saved after every part, so a killed
+curriculum resumes at the part it was in without repeating or losing a decision:
+
+    plan     the parts' steps, the validation sample and its noise, the reversal z, the pool's
+             expected share of all-equal groups, the two arms (primary selector, fallback)
+    start    the arm and fraction the stage begins with, its checkpoint and objective
+    race     stage 0: the first part trained with each arm from theta_0 (the better goes on)
+    parts    per part: arm, fraction, steps, checkpoint, the check's reading and action
+    end      the stage's checkpoint, objective, case(s), the arm and fraction later stages take
+
+Steps are counted as spent: every trained part counts, a reverted one and the race's loser included,
+and the stage's metrics file (what reports read) gives every row the curriculum's spent step.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from cropi.contracts import POOL
+from cropi.data import PromptRecord, load_prompts, write_verl_parquet
+from cropi.pipeline.curriculum import check as chk
+from cropi.pipeline.curriculum.config import CurriculumConfig
+from cropi.pipeline.curriculum.state import CurriculumPaths, StageState
+from cropi.pipeline.progress import Progress
+from cropi.utils.fingerprint import model_fingerprint
+
+
+def checked(config: CurriculumConfig, trainer) -> str | None:
+    """Why a stage of this curriculum is not checked (None: it is)."""
+    if not config.check.enabled:
+        return "the check is off (check.enabled: false)"
+    if not getattr(trainer, "runs_in_parts", False):
+        return (f"trainer {trainer.name!r} cannot run a stage in parts (it cannot train on from an earlier "
+                "checkpoint of its run): the stage runs unchecked")
+    if not config.validation:
+        return "no validation sets to check against"
+    return None
+
+
+def run_checked_stage(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m: int,
+                      pool: dict[str, PromptRecord], trainer, selector, progress: Progress) -> dict:
+    """Train stage ``m`` in checked parts; returns its ``trained`` record. ``selector(arm, fraction)``
+    gives the stage subset's prompt ids for an arm at a fraction (from the stage's ranking)."""
+    stage = state.stage(m)
+    record = stage.get("check")
+    if record is None or "plan" not in record:
+        record = stage["check"] = _plan(config, paths, state, m, trainer)
+        state.save()
+    if record.get("unchecked"):
+        return _unchecked(config, paths, state, m, pool, trainer, selector, record)
+    run = _Stage(config, paths, state, m, pool, trainer, selector, record, progress)
+    if "start" not in record:
+        record["start"] = run.start()
+        state.save()
+    if run.races and not record.get("raced"):
+        run.race()
+    while run.remaining() > 0:
+        run.part(len(record["parts"]))
+    if "end" not in record:
+        record["end"] = run.end()
+        state.save()
+    return run.trained()
+
+
+def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m: int, trainer) -> dict:
+    opts = config.check
+    steps = _split(config.steps_per_stage, opts.parts)
+    z = chk.reversal_z(opts, len(steps))
+    scored = state.stage(m).get("scored", {})
+    offline = scored.get("trajectories") or {}
+    variance = {name: chk.prompt_variance(_rewards(offline[name])) if name in offline else 0.25
+                for name in config.validation}
+    n = chk.sample_size(sum(variance.values()) / len(variance), opts, len(variance), len(steps))
+    sizes = {name: len(load_prompts(path)) for name, path in config.validation.items()}
+    plan = {"steps": steps, "z": round(z, 6), "variance": variance, "prompts_per_set": n, "samples": opts.samples,
+            "arms": [config.selector, opts.fallback], "rollouts": trainer.options.rollouts,
+            "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
+    short = {name: size for name, size in sizes.items() if size < n}
+    doc = {"plan": plan, "parts": []}
+    if short:
+        doc["unchecked"] = (f"validation sets {', '.join(f'{k} ({v} prompts)' for k, v in sorted(short.items()))} "
+                            f"are too small to resolve a fall of {opts.resolve} at alpha {opts.alpha}: the check "
+                            f"needs {n} prompts a set at {opts.samples} samples each (more samples a prompt also "
+                            "serve); this stage runs unchecked")
+    return doc
+
+
+class _Stage:
+    def __init__(self, config, paths, state, m, pool, trainer, selector, record, progress):
+        self.config, self.paths, self.state, self.m, self.pool = config, paths, state, m, pool
+        self.trainer, self.selector, self.record, self.progress = trainer, selector, record, progress
+        self.opts = config.check
+        self.plan = record["plan"]
+        self.arms = self.plan["arms"]
+        # stage 0 races the two arms over its first part, which needs a second part to go on with
+        self.races = self.opts.race and m == 0 and self.arms[0] != self.arms[1] and len(self.plan["steps"]) >= 2
+        self.sample = chk.ValidationSample.draw({n: load_prompts(p) for n, p in config.validation.items()},
+                                                self.plan["prompts_per_set"], config.seed, self.plan["samples"])
+        options = trainer.options
+        self.sampling = {"reward": config.reward, "temperature": options.temperature,
+                         "max_new_tokens": options.max_new_tokens}
+
+    # ------------------------------------------------------------------ steps of the stage
+
+    def start(self) -> dict:
+        """The arm and fraction this stage begins with (the previous stage's), its checkpoint and objective."""
+        previous = self.state.stage(self.m - 1).get("check", {}).get("end") if self.m else None
+        model = self.state.stage_model(self.m)
+        arm, fraction = ((previous["arm"], previous["fraction"]) if previous else
+                         (self.arms[0], self.config.select_fraction))
+        if previous and previous["checkpoint"] == model and previous.get("values"):
+            values, seconds = previous["values"], 0.0
+        else:
+            measured, seconds = self._measure(model)
+            values = chk.as_lists(measured)
+        spent = self.state.stage(self.m - 1)["trained"]["global_step"] if self.m else 0
+        return {"arm": arm, "fraction": fraction, "checkpoint": model, "values": values,
+                "objective": round(chk.objective(chk.from_lists(values)), 6), "check_s": round(seconds, 3),
+                "spent": spent, "best": {"part": -1, "checkpoint": model, "values": values},
+                "current": {"arm": arm, "fraction": fraction, "checkpoint": model}}
+
+    def race(self) -> None:
+        """Stage 0's first part with each arm from theta_0; the better objective goes on (ties: the primary).
+        The loser's steps are spent first (the winner's part follows them), out of the stage's own steps."""
+        start = self.record["start"]
+        entries = self.record.setdefault("race", [])
+        for arm in self.arms[len(entries):]:
+            entry = self._train(0, arm, start["fraction"], start["checkpoint"], start["spent"], tag=f"race-{arm}",
+                                steps=min(self.plan["steps"][0], self.config.steps_per_stage // 2))
+            entries.append(entry)
+            self.state.save()
+        winner = max(entries, key=lambda e: (e["objective"], e["arm"] == self.arms[0]))
+        spent = start["spent"]
+        for e in sorted(entries, key=lambda e: e is winner):  # the loser first, then the winner
+            e["race"], e["spent_start"] = ("won" if e is winner else "lost"), spent
+            spent += e["steps"]
+        self.record["race"] = sorted(entries, key=lambda e: e is winner)
+        self.record["raced"] = True
+        self._decide(dict(winner), first=True)
+
+    def remaining(self) -> int:
+        """Steps of the stage's budget not yet spent (every trained part counts, the race's loser too)."""
+        return self.config.steps_per_stage - (self._spent() - self.record["start"]["spent"])
+
+    def part(self, j: int) -> None:
+        cur = self._current()
+        planned = self.plan["steps"]
+        last = j >= len(planned) - 1 - (1 if self.races else 0)  # the race took one part of the budget
+        steps = self.remaining() if last else min(planned[j], self.remaining())
+        entry = self._train(j, cur["arm"], cur["fraction"], cur["checkpoint"], self._spent(), tag=f"part-{j}",
+                            steps=steps)
+        self._decide(entry)
+
+    def end(self) -> dict:
+        cur, start = self._current(), self.record["start"]
+        last = next((e for e in reversed(self.record["parts"]) if e["checkpoint"] == cur["checkpoint"]), None)
+        values = last["values"] if last else self._best()["values"]
+        final = chk.judge(chk.from_lists(values), chk.from_lists(start["values"]), self.plan["z"])
+        actions = [e["action"] for e in self.record["parts"]]
+        cases = [c for c, hit in (("reversed", "reverted" in actions), ("saturated", any(e.get("widened") for e in
+                 self.record["parts"])), ("helped", final.change > final.margin)) if hit] or ["flat"]
+        return {"checkpoint": cur["checkpoint"], "arm": cur["arm"], "fraction": cur["fraction"], "values": values,
+                "objective": round(final.value, 6), "change": round(final.change, 6), "margin": round(final.margin, 6),
+                "cases": cases}
+
+    def trained(self) -> dict:
+        parts = [*self.record.get("race", []), *self.record["parts"][1 if self.races else 0:]]
+        steps = sum(e["steps"] for e in parts)
+        end = self.record["end"]
+        metrics_path = self._merge_metrics(parts)
+        last = self.record["parts"][-1]
+        seconds = {"train": sum(e["train_s"] for e in parts), "select": sum(e.get("select_s", 0.0) for e in parts),
+                   "check": self.record["start"]["check_s"] + sum(e["check_s"] for e in parts)}
+        metrics = dict(last["metrics"]) | {f"{k}_s": round(v, 3) for k, v in seconds.items()}
+        shares = [e["zero_share"] for e in parts if e.get("zero_share") is not None]
+        if shares:
+            metrics["zero_advantage_share"] = sum(shares) / len(shares)
+        batch = self.config.trainer_options.get("batch_prompts") or getattr(self.trainer.options, "batch_prompts", 0)
+        return {"checkpoint": end["checkpoint"], "fingerprint": model_fingerprint(end["checkpoint"]),
+                "steps_done": steps, "global_step": self.record["start"]["spent"] + steps,
+                "lineage_step": self._lineage_end(end["checkpoint"]), "metrics": metrics, "log": last["log"],
+                "metrics_path": metrics_path,
+                "passes": sum(e["steps"] * batch / max(e["n_prompts"], 1) for e in parts) if batch else None,
+                "checked": True}
+
+    # ------------------------------------------------------------------ the pieces
+
+    def _train(self, j: int, arm: str, fraction: float, model: str, spent: int, *, tag: str, steps: int) -> dict:
+        import time
+
+        began = time.monotonic()
+        subset = self._subset(arm, fraction)
+        select_s = time.monotonic() - began
+        out = self.paths.stage(self.m) / tag
+        if out.exists():  # a run killed inside this part: train the part again from its start
+            shutil.rmtree(out)
+        self.progress(f"part {j} ({arm}, {fraction:g})", j, len(self.plan["steps"]))
+        result = self.trainer.train_stage(model=model, subset=str(subset), out_dir=str(out / "train"), steps=steps,
+                                          seed=_part_seed(self.config.seed, self.m, j, self.arms.index(arm)),
+                                          stage=self.m, reward=self.config.reward)
+        values, check_s = self._measure(result.checkpoint)
+        share = result.metrics.get("zero_advantage_share")
+        return {"index": j, "arm": arm, "fraction": fraction, "steps": result.steps_done, "subset": str(subset),
+                "n_prompts": len(load_prompts(str(subset))), "from": model, "checkpoint": result.checkpoint,
+                "spent_start": spent, "lineage_start": result.global_step - result.steps_done,
+                "values": chk.as_lists(values), "objective": round(chk.objective(values), 6),
+                "zero_share": share, "groups": result.steps_done * getattr(self.trainer.options, "batch_prompts", 0),
+                "train_s": round(result.metrics.get("runtime_s", time.monotonic() - began), 3),
+                "select_s": round(select_s, 3), "check_s": round(check_s, 3),
+                "metrics": {k: v for k, v in result.metrics.items()}, "metrics_path": result.metrics_path,
+                "log": result.log_path}
+
+    def _decide(self, entry: dict, first: bool = False) -> None:
+        best = self._best()
+        verdict = chk.judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]), self.plan["z"])
+        entry |= verdict.record()
+        if first:
+            entry["action"] = f"race_won+{verdict.action}"
+        arm, fraction = entry["arm"], entry["fraction"]
+        if verdict.action == "reverted":  # back to the best checkpoint, on with the other arm (the race's
+            if not first:                   # winner keeps its arm: the loser measured worse still)
+                arm = self.arms[1] if arm == self.arms[0] else self.arms[0]
+            checkpoint = best["checkpoint"]
+        else:
+            checkpoint = entry["checkpoint"]
+            if verdict.value > chk.objective(chk.from_lists(best["values"])):
+                self.record["start"]["best"] = {"part": entry["index"], "checkpoint": checkpoint,
+                                                "values": entry["values"]}
+            if (self.opts.widen and fraction < 1 and entry.get("zero_share") is not None
+                    and self.plan["pool_flat_share"] is not None and chk.saturated(entry["zero_share"], entry["groups"], self.plan["pool_flat_share"], self.opts)):
+                fraction = min(1.0, 2 * fraction)
+                entry["widened"] = fraction
+        entry["then"] = {"arm": arm, "fraction": fraction, "checkpoint": checkpoint}
+        self.record["start"]["current"] = entry["then"]
+        self.record["parts"].append(entry)
+        self.state.save()
+
+    def _current(self) -> dict:
+        return self.record["start"]["current"]
+
+    def _best(self) -> dict:
+        return self.record["start"]["best"]
+
+    def _spent(self) -> int:
+        start = self.record["start"]["spent"]
+        parts = [*self.record.get("race", []), *self.record["parts"][1 if self.races else 0:]]
+        return start + sum(e["steps"] for e in parts)
+
+    def _measure(self, checkpoint: str):
+        return self.sample.measure(checkpoint, device=_device(self.config), **self.sampling)
+
+    def _subset(self, arm: str, fraction: float) -> Path:
+        stage = self.state.stage(self.m)
+        if arm == self.config.selector and fraction == self.config.select_fraction and "selected" in stage:
+            return Path(stage["selected"]["subset"])
+        path = self.paths.stage(self.m) / "subsets" / f"{arm}-{fraction:g}.parquet"
+        if not path.is_file():
+            ids = self.selector(arm, fraction)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_verl_parquet([self.pool[p] for p in ids], str(path), split="train")
+        return path
+
+    def _lineage_end(self, checkpoint: str) -> int:
+        for e in [*self.record.get("race", []), *self.record["parts"]]:
+            if e["checkpoint"] == checkpoint:
+                return e["lineage_start"] + e["steps"]
+        return 0
+
+    def _merge_metrics(self, parts: list[dict]) -> str:
+        """The stage's rows with every step the curriculum's spent step (the race's loser: its steps and
+        its step-0 evaluation only)."""
+        rows = []
+        for e in parts:
+            offset = e["spent_start"] - e["lineage_start"]
+            for line in Path(e["metrics_path"]).read_text().splitlines():
+                if not line:
+                    continue
+                row = json.loads(line)
+                if e.get("race") == "lost" and "eval" in row and row["step"] != e["lineage_start"]:
+                    continue
+                rows.append(row | {"step": row["step"] + offset, "lineage_step": row["step"], "arm": e["arm"]})
+        out = self.paths.stage(self.m) / "metrics.jsonl"
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(out)
+        return str(out)
+
+
+def _unchecked(config, paths, state, m, pool, trainer, selector, record) -> dict:
+    """A stage that cannot be checked: trained whole on the primary's subset, the reason recorded."""
+    from cropi.pipeline.curriculum import steps
+
+    return steps.train(config, paths, m, state.stage_model(m), state.stage(m)["selected"]["subset"], trainer) | {
+        "checked": False, "unchecked": record["unchecked"]}
+
+
+def _split(steps: int, parts: int) -> list[int]:
+    n = max(1, min(parts, steps))
+    return [steps // n + (1 if i < steps % n else 0) for i in range(n)]
+
+
+def _part_seed(seed: int, m: int, j: int, arm: int) -> int:
+    from cropi.pipeline.curriculum.steps import stage_seed
+
+    return stage_seed(seed, m) * 1000 + arm * 100 + j
+
+
+def _device(config: CurriculumConfig) -> str:
+    return "cuda" if getattr(config, "device", "cpu") == "cuda" else "cpu"
+
+
+def _rewards(trajectories: str) -> list[list[float]]:
+    from cropi.store import TrajectoryStore
+
+    return [list(t.rewards) for t in TrajectoryStore.open(trajectories).iter_prompts()]
+
+
+def _pool_flat_share(trajectories: str | None, rollouts: int) -> float | None:
+    if not trajectories:
+        return None
+    groups = _rewards(trajectories)
+    k = min(len(g) for g in groups) if groups else 0
+    if k < 2:
+        return None
+    return chk.flat_share([sum(1 for x in g[:k] if x and x > 0) for g in groups], k, rollouts)

@@ -1,0 +1,224 @@
+"""The stage check (cropi.pipeline.curriculum.check) and the checked stage (parts.py).
+
+The statistics are tested against independent brute force: the standard error of a paired change from
+the objective's weights, the sample size by search, the all-equal share by enumerating every draw of
+``n`` of ``K`` rollouts. The checked stage runs real collection and scoring (tests/test_curriculum.py's
+tiny model and pool) with a stand-in trainer, and the validation measurement replaced by scripted
+values per checkpoint, so each decision is known in advance: a real measurement's values are noise here
+(tests/test_demo.py runs the real path end to end in the quick demo).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cropi.pipeline.curriculum import check as chk
+from cropi.pipeline.curriculum import loop, run_curriculum
+from cropi.pipeline.curriculum.check import CheckOptions
+from cropi.trainers import StageResult
+from cropi.trainers.lean import LeanOptions
+from test_curriculum import make_config, setup  # noqa: F401  (the tiny model, pool and validation sets)
+
+
+# ---------------------------------------------------------------- the statistics against brute force
+
+def test_paired_change_and_its_standard_error_are_those_of_the_objectives_weights():
+    rng = np.random.default_rng(0)
+    before = {"a": rng.random(7), "b": rng.random(12)}
+    after = {"a": rng.random(7), "b": rng.random(12)}
+    change, se = chk.paired_change(after, before)
+    # the objective is sum_i w_i p_i with w_i = 1 / (J n_j): its change over the same prompts has variance
+    # sum_j n_j w_j^2 s_j^2, s_j^2 the unbiased variance of set j's per-prompt changes
+    d = {k: list(after[k] - before[k]) for k in before}
+    want = (statistics.mean(d["a"]) + statistics.mean(d["b"])) / 2
+    var = sum(len(v) * (1 / (2 * len(v))) ** 2 * statistics.variance(v) for v in d.values())
+    assert change == pytest.approx(want, abs=1e-12)
+    assert se == pytest.approx(math.sqrt(var), rel=1e-12)
+    biased = math.sqrt(sum(len(v) * (1 / (2 * len(v))) ** 2 * statistics.pvariance(v) for v in d.values()))
+    assert abs(se - biased) > 1e-3  # a biased variance would be caught
+
+
+def test_the_sample_size_is_the_smallest_that_resolves_the_fall():
+    opts = CheckOptions(samples=4, resolve=0.1, alpha=0.05, power=0.8)
+    for variance, sets, checks in ((0.15, 2, 4), (0.25, 1, 1), (0.05, 3, 8)):
+        n = chk.sample_size(variance, opts, sets, checks)
+        z = statistics.NormalDist().inv_cdf(1 - 0.05 / checks) + statistics.NormalDist().inv_cdf(0.8)
+        resolved = [m for m in range(2, 5000) if z * math.sqrt(2 * variance / (4 * sets * m)) <= 0.1]
+        assert n == resolved[0]
+
+
+def test_the_pools_all_equal_share_enumerates_every_draw_of_n_rollouts():
+    k, n = 8, 5
+    correct = [0, 1, 3, 5, 8, 7]
+    brute = []
+    for x in correct:
+        items = [1] * x + [0] * (k - x)
+        draws = list(itertools.combinations(range(k), n))
+        brute.append(sum(len({items[i] for i in d}) == 1 for d in draws) / len(draws))
+    assert chk.flat_share(correct, k, n) == pytest.approx(sum(brute) / len(brute), abs=1e-12)
+    assert chk.flat_share([0, 3, 8], 8, 8) == pytest.approx(2 / 3)  # n = K: the zero-advantage status
+
+
+def test_the_offline_variance_is_unbiased():
+    rewards = [[1, 0, 0, 1], [1, 1, 1, 1], [0, 1, 0, 0]]
+    want = statistics.mean(statistics.variance(r) for r in rewards)  # unbiased variance of 0/1 = K/(K-1) p(1-p)
+    assert chk.prompt_variance(rewards) == pytest.approx(want)
+
+
+def test_a_fall_beyond_the_margin_reverts_and_one_at_the_margin_does_not():
+    best = {"a": np.array([0.5, 0.5, 0.5, 0.5])}
+    fell = {"a": np.array([0.0, 0.25, 0.25, 0.5])}
+    v = chk.judge(fell, best, z=2.0)
+    change, se = chk.paired_change(fell, best)
+    assert (v.change, v.se, v.margin) == pytest.approx((change, se, 2 * se))
+    assert v.action == ("reverted" if change < -2 * se else "kept") == "reverted"
+    z_at = -change / se  # the fall equals z * SE here: just inside the margin kept, just outside reverted
+    assert chk.judge(fell, best, z=z_at * (1 + 1e-9)).action == "kept"
+    assert chk.judge(fell, best, z=z_at * (1 - 1e-9)).action == "reverted"
+
+
+def test_saturation_needs_the_share_above_the_pools_by_more_than_its_noise():
+    opts = CheckOptions()
+    assert chk.saturated(0.9, 160, 0.5, opts)
+    assert not chk.saturated(0.55, 160, 0.5, opts)  # 0.05 above, SE 0.039: within 1.645 SEs
+    assert not chk.saturated(0.4, 160, 0.5, opts)
+    assert not chk.saturated(0.9, 0, 0.5, opts)
+
+
+# ---------------------------------------------------------------- the checked stage
+
+class PartTrainer:
+    """Trains nothing: copies the model and writes a quality file the scripted measurement reads. A part
+    on the primary's subset adds ``+step`` per step until ``turn`` steps of the run, then ``-drop``; the
+    fallback's adds ``2 step`` always. Records every call; can crash at a given call."""
+
+    name = "parts"
+    runs_in_parts = True
+
+    def __init__(self, *, turn=10**9, step=0.01, drop=0.05, crash_at=None):
+        self.options = LeanOptions(batch_prompts=4, rollouts=8, max_new_tokens=6)
+        self.turn, self.step, self.drop, self.crash_at = turn, step, drop, crash_at
+        self.calls: list[dict] = []
+
+    def train_stage(self, *, model, subset, out_dir, steps, seed, stage, reward) -> StageResult:
+        arm = "diverse" if "diverse" in Path(subset).name else "cropi"
+        self.calls.append(dict(model=model, subset=subset, steps=steps, seed=seed, stage=stage, arm=arm))
+        if self.crash_at is not None and len(self.calls) == self.crash_at:
+            raise RuntimeError("simulated crash inside a checked part")
+        quality, lineage = _read(model)
+        for _ in range(steps):
+            lineage += 1
+            quality += 2 * self.step if arm == "diverse" else self.step if lineage <= self.turn else -self.drop
+        out = Path(out_dir)
+        ckpt = out / "checkpoint"
+        shutil.copytree(model, ckpt, ignore=shutil.ignore_patterns("quality.json"))
+        (ckpt / "quality.json").write_text(json.dumps({"quality": quality, "lineage": lineage}))
+        rows = [{"stage": stage, "step": lineage - steps + i + 1, "reward_mean": 0.5, "step_s": 0.01,
+                 "zero_advantage_groups": 0.25} for i in range(steps)]
+        rows.append({"stage": stage, "step": lineage, "eval": {"t": {"mean@4": quality, "greedy": quality}}})
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (out / "train.log").write_text("parts\n")
+        return StageResult(checkpoint=str(ckpt), steps_done=steps, global_step=lineage, stage=stage,
+                           metrics={"zero_advantage_share": 0.25, "runtime_s": 0.01},
+                           log_path=str(out / "train.log"), metrics_path=str(out / "metrics.jsonl"))
+
+
+def _read(model) -> tuple[float, int]:
+    f = Path(model) / "quality.json"
+    doc = json.loads(f.read_text()) if f.is_file() else {"quality": 0.3, "lineage": 0}
+    return doc["quality"], doc["lineage"]
+
+
+def _scripted(self, checkpoint, **_):
+    """The validation pass rates a checkpoint of quality q shows: 40 prompts a set, q plus a fixed spread."""
+    q, _ = _read(checkpoint)
+    spread = np.linspace(-0.05, 0.05, 40)
+    return {name: np.clip(q + spread, 0, 1) for name in ("val_a", "val_b")}, 0.001
+
+
+def _run(setup, monkeypatch, trainer, name, **overrides):
+    monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: trainer)
+    monkeypatch.setattr(chk.ValidationSample, "measure", _scripted)
+    config = make_config(setup, **({"name": name, "stages": 2, "steps_per_stage": 8,
+                                    "check": {"parts": 4, "samples": 8, "resolve": 0.5}} | overrides))
+    return run_curriculum(config, root=setup["root"])
+
+
+def _check(result, m):
+    return result["stages"][m]["checks"]
+
+
+def test_a_stage_that_helps_keeps_going_and_spends_exactly_its_steps(setup, monkeypatch):
+    trainer = PartTrainer()
+    result = _run(setup, monkeypatch, trainer, "check-helps")
+    first, second = _check(result, 0), _check(result, 1)
+    assert first["checked"] and [e["race"] for e in first["race"]] == ["lost", "won"]
+    assert first["race"][1]["arm"] == "diverse"  # the fallback's subset improved faster: it won the race
+    assert [e["action"] for e in first["parts"]][1:] == ["kept"] * (len(first["parts"]) - 1)
+    assert "helped" in first["end"]["cases"] and second["start"]["arm"] == "diverse"
+    spent = [c["steps"] for c in trainer.calls]
+    assert sum(spent) == 2 * 8  # the race's losing part counts: no stage spends more than its steps
+    stages = result["stages"]
+    assert [s["global_step"] for s in stages] == [8, 16] and all(s["steps_done"] == 8 for s in stages)
+    steps = [json.loads(line)["step"] for s in stages for line in Path(s["metrics_path"]).read_text().splitlines()
+             if "eval" not in json.loads(line)]
+    assert steps == list(range(1, 17))  # every trained step once, on the curriculum's spent-step axis
+
+
+def test_a_reversal_restores_the_best_checkpoint_and_switches_arm(setup, monkeypatch):
+    trainer = PartTrainer(turn=3, drop=0.2)  # the primary helps for 3 steps of the run, then hurts
+    result = _run(setup, monkeypatch, trainer, "check-reverts", check={"parts": 4, "samples": 8, "resolve": 0.5,
+                                                                      "race": False})
+    parts = _check(result, 0)["parts"]
+    reverted = [e for e in parts if e["action"] == "reverted"]
+    assert reverted and reverted[0]["arm"] == "cropi"
+    j = parts.index(reverted[0])
+    after = trainer.calls[j + 1]
+    assert after["arm"] == "diverse"
+    state = json.loads((Path(setup["root"]) / "curricula" / "check-reverts" / "state.json").read_text())
+    record = state["stages"][0]["check"]
+    best = record["parts"][j]["then"]["checkpoint"]
+    assert after["model"] == best  # trained on from the best checkpoint, not the reverted one
+    assert best != record["parts"][j]["checkpoint"]
+    assert "reversed" in _check(result, 0)["end"]["cases"]
+
+
+def test_a_killed_curriculum_resumes_inside_a_checked_stage_without_repeating_a_decision(setup, monkeypatch):
+    crashing = PartTrainer(crash_at=4)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _run(setup, monkeypatch, crashing, "check-resume")
+    state = json.loads((Path(setup["root"]) / "curricula" / "check-resume" / "state.json").read_text())
+    decided = [e["action"] for e in state["stages"][0]["check"]["parts"]]
+    assert len(decided) == 2  # the race (two calls) and part 1 decided; part 2 crashed
+    resumed = PartTrainer()
+    result = _run(setup, monkeypatch, resumed, "check-resume")
+    assert [e["action"] for e in _check(result, 0)["parts"]][:2] == decided
+    assert resumed.calls[0]["steps"] + sum(c["steps"] for c in crashing.calls[:3]) + sum(
+        c["steps"] for c in resumed.calls[1:] if c["stage"] == 0) == 8
+
+
+def test_too_small_a_validation_set_runs_the_stage_unchecked_and_names_the_size_it_needs(setup, monkeypatch):
+    trainer = PartTrainer()
+    result = _run(setup, monkeypatch, trainer, "check-small",
+                  check={"parts": 4, "samples": 1, "resolve": 0.01})
+    checks = _check(result, 0)
+    assert checks["checked"] is False
+    assert "too small" in checks["reason"] and "val_a (6 prompts)" in checks["reason"]
+    assert len([c for c in trainer.calls if c["stage"] == 0]) == 1
+
+
+def test_a_trainer_that_cannot_run_parts_says_so_and_the_curriculum_runs(setup, monkeypatch):
+    trainer = PartTrainer()
+    trainer.runs_in_parts = False
+    trainer.name = "verl"
+    result = _run(setup, monkeypatch, trainer, "check-verl")
+    assert result["finished"]
+    assert "cannot run a stage in parts" in _check(result, 0)["reason"]
