@@ -65,11 +65,16 @@ def computer(model):
     return GradientComputer(model, make_projector(ProjectionSpec(kind="sjlt", dim=8), shapes))
 
 
+# A group whose rewards are all equal used to get a forward pass for its ESS alone; scoring now skips
+# it (issue 32: its gradient is zero at every theta), so its ESS is absent, whatever the weights.
 @pytest.mark.parametrize("rewards", [[1, 0, 1, 0, 0], [1, 1, 1, 1, 1]], ids=["ok", "zero_advantage"])
 def test_computer_ess_is_k_at_theta_equal_beta(rewards):
     model = tiny_model()
     res = computer(model).compute(group(model, np.random.default_rng(1), rewards))
-    assert res.status == ("ok" if len(set(rewards)) > 1 else "zero_advantage")
+    if len(set(rewards)) == 1:
+        assert res.status == "zero_advantage" and res.ess is None and res.ess_fraction is None
+        return
+    assert res.status == "ok"
     assert res.ess == pytest.approx(5.0, rel=1e-5) and res.ess_fraction == pytest.approx(1.0, rel=1e-5)
 
 
@@ -78,6 +83,10 @@ def test_computer_ess_matches_hand_weights(rewards):
     # log beta lowered by (0, -ln 2, -ln 3) in total per response: w = (1, 2, 3) -> ESS 36/14
     model = tiny_model()
     res = computer(model).compute(group(model, np.random.default_rng(2), rewards, shifts=[0, -math.log(2), -math.log(3)]))
+    if len(set(rewards)) == 1:  # no forward pass (see above): absent, not 36/14
+        assert res.status == "zero_advantage" and res.ess is None and res.ess_fraction is None
+        assert res.log_mean_weight is None and res.p_theta == 0.0 and res.std_theta == 0.0
+        return
     assert res.ess == pytest.approx(36 / 14, rel=1e-5)
     assert res.ess_fraction == pytest.approx(36 / 14 / 3, rel=1e-5)
 
@@ -89,6 +98,25 @@ def test_computer_ess_near_one_when_one_response_dominates():
 
 
 # ---------------------------------------------------------------- in the store
+
+def test_a_zero_advantage_row_stores_p_theta_and_std_theta_and_null_ess(tmp_path):
+    """The computer's records as the gradients job writes them: the all-equal group's unknown ESS,
+    ESS/K and log mean weight read back as NaN (unknown), its p_theta and std_theta as values."""
+    model = tiny_model()
+    comp = computer(model)
+    records = [comp.compute(group(model, np.random.default_rng(i), r)) for i, r in enumerate(([1, 0, 1], [1, 1, 1]))]
+    records[1].prompt_id = "flat"
+    split = GradientStore(str(tmp_path)).split(CKPT, SPEC, "pool", dim=8, dtype="float32")
+    with split.writer("w0") as w:
+        for rec in records:
+            w.write(rec)
+    t = GradientStore(str(tmp_path)).open_split("ckpt", "s8", "pool").read()
+    assert t.prompt_ids == ["p", "flat"] and t.columns["status"].tolist() == ["ok", "zero_advantage"]
+    assert np.isfinite([t.ess[0], t.ess_fraction[0], t.log_mean_weight[0]]).all()
+    assert np.isnan([t.ess[1], t.ess_fraction[1], t.log_mean_weight[1]]).all()
+    assert t.p_theta[1] == 1.0 and t.std_theta[1] == 0.0
+    assert t.p_theta[0] == pytest.approx(2 / 3, rel=1e-5)  # theta = beta: the plain mean
+
 
 def test_ess_round_trips_through_the_store(tmp_path):
     split = GradientStore(str(tmp_path)).split(CKPT, SPEC, "pool", dim=8, dtype="float32")

@@ -168,6 +168,149 @@ def test_group_advantages_match_numpy():
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
 
 
+# ---------------------------------------------------------------- all-equal groups: no forward at all
+
+
+class ForwardCount:
+    """How many times ``model(...)`` ran (every pass of either computer calls the whole model)."""
+
+    def __init__(self, model):
+        self.n = 0
+        model.register_forward_pre_hook(self._count)
+
+    def _count(self, module, args):
+        self.n += 1
+
+
+def brute_force_diagnostics(model, traj) -> dict:
+    """ESS, ESS/K, p_theta, std_theta and log mean weight of the group, in plain Python floats from
+    log w_k = sum_t (log pi(y_kt) - log beta(y_kt)), log pi one unpadded sequence at a time."""
+    with torch.no_grad():
+        lw = [float((seq_logprobs(model, traj.prompt_token_ids, r) - torch.tensor(b, dtype=torch.float64)).sum())
+              for r, b in zip(traj.responses, traj.behavior_logprobs)]
+    top, k = max(lw), len(lw)
+    w = [math.exp(x - top) for x in lw]
+    wbar = [x / sum(w) for x in w]
+    r = [float(np.float32(x)) for x in traj.rewards]  # the computers read rewards as float32
+    p = sum(a * b for a, b in zip(wbar, r))
+    ess = sum(w) ** 2 / sum(x * x for x in w)
+    return {"ess": ess, "ess_fraction": ess / k, "p_theta": p,
+            "std_theta": math.sqrt(sum(a * (b - p) ** 2 for a, b in zip(wbar, r))),
+            "log_mean_weight": top + math.log(sum(w) / k)}
+
+
+def assert_diagnostics(rec, want, rel):
+    for name, value in want.items():
+        assert getattr(rec, name) == pytest.approx(value, rel=rel, abs=1e-12), name
+
+
+ALL_EQUAL = ([1, 1, 1, 1], [0, 0, 0], [0.5, 0.5], [1])
+
+
+@pytest.mark.parametrize("advantage", ["behavior", "theta"])
+def test_an_all_equal_group_runs_no_forward_and_keeps_p_theta_and_std_theta(advantage):
+    """Its gradient is zero at every theta under both estimators (theta_coefficients is exactly zero
+    when every reward is equal), so no pass: p_theta (the common reward) and std_theta (0) are what
+    the weights would give whatever they are; ESS, ESS/K and the log mean weight are absent."""
+    model = tiny_model()
+    comp, _ = computer_for(model, ProjectionSpec(kind="sjlt", dim=64), advantage=advantage)
+    calls = ForwardCount(model)
+    rng = np.random.default_rng(0)
+    trajs = [make_traj(rng, rewards, noise=1.0) for rewards in ALL_EQUAL]
+    got = comp.compute_many(trajs)
+    assert calls.n == 0
+    reference = tiny_model()  # the same weights, counted apart
+    for res, traj in zip(got, trajs):
+        assert res.status == "zero_advantage" and not np.any(res.vector) and res.raw_norm == 0.0
+        want = brute_force_diagnostics(reference, traj)
+        assert len(traj.rewards) == 1 or want["ess_fraction"] < 0.95  # unequal weights: a forward would tell
+        assert res.p_theta == float(np.float32(traj.rewards[0])) == pytest.approx(want["p_theta"], rel=1e-12)
+        assert res.std_theta == 0.0 and want["std_theta"] == pytest.approx(0.0, abs=1e-12)
+        assert res.ess is None and res.ess_fraction is None and res.log_mean_weight is None
+    assert all(p.grad is None for p in model.parameters())
+    comp.compute(make_traj(rng, [1, 0, 0]))
+    assert calls.n >= 1  # the count sees the computer's passes
+
+
+def test_informative_groups_beside_all_equal_ones_keep_their_vectors_and_diagnostics():
+    model = tiny_model(2)
+    comp, proj = computer_for(model, ProjectionSpec(kind="identity", kept_fraction=1.0), token_budget=10)
+    rng = np.random.default_rng(5)
+    trajs = [make_traj(rng, rewards, noise=1.0) for rewards in ([1, 0, 1, 0], [1, 1, 1], [0, 1, 1], [0, 0, 0, 0])]
+    got = comp.compute_many(trajs)
+    assert [r.status for r in got] == ["ok", "zero_advantage", "ok", "zero_advantage"]
+    for res, traj in zip(got, trajs):
+        if res.status != "ok":
+            continue
+        want = proj.project([(n, g[None].float()) for n, g in brute_force_grad(tiny_model(2), traj)])[0].numpy()
+        np.testing.assert_allclose(res.vector, want, rtol=2e-4, atol=1e-7)
+        assert_diagnostics(res, brute_force_diagnostics(tiny_model(2), traj), rel=1e-5)
+
+
+def test_the_theta_estimator_weighs_a_mixed_group_it_silences_once():
+    """A mixed group the theta estimator gives no signal (a fresh group at theta would likely be all
+    failed): its one forward pass gives both the coefficients and the stored diagnostics."""
+    from support.ess import group, tiny_model as ess_model
+
+    model = ess_model()
+    comp, _ = computer_for(model, ProjectionSpec(kind="sjlt", dim=8), advantage="theta")
+    calls = ForwardCount(model)
+    # the only pass has weight e^-12 against the failures': p_theta ~ 3e-6, 1 - p^4 - (1-p)^4 ~ 1e-5 < 1/2
+    traj = group(model, np.random.default_rng(4), [1, 0, 0, 0], shifts=[12.0, 0, 0, 0])
+    calls.n = 0
+    res = comp.compute(traj)
+    assert res.status == "zero_advantage" and calls.n == 1  # one micro-batch, one pass (it used to be two)
+    assert_diagnostics(res, brute_force_diagnostics(ess_model(), traj), rel=1e-5)
+    assert res.p_theta < 1e-5 and res.ess_fraction == pytest.approx(0.75, rel=1e-4)  # three equal weights of four
+
+
+def test_batched_all_equal_groups_run_no_forward_and_informative_ones_are_unchanged(monkeypatch):
+    """The batched computer (both layouts): a call of all-equal groups runs the model not once; in a
+    call with informative groups, theirs equal the projection of the brute-force gradient."""
+    from cropi.gradients import make_computer
+    from cropi.gradients.batched import BatchedComputer
+    from support.gradients import LAYOUTS, use_layout
+
+    spec = ProjectionSpec(kind="factored", factor_in=3, factor_out=4, seed=5)
+    rng = np.random.default_rng(9)
+    trajs = [make_traj(rng, rewards, prompt_len=n, noise=1.0)
+             for rewards, n in (([1, 0, 1, 0], 3), ([1, 1, 1], 6), ([0, 1, 1], 5), ([0, 0, 0, 0, 0], 4), ([1], 2))]
+    for i, t in enumerate(trajs):
+        t.prompt_id = f"p{i}"
+    flat = [t for t in trajs if len(set(t.rewards)) == 1]
+    for layout in LAYOUTS:
+        use_layout(monkeypatch, layout)
+        model = double_model()
+        comp = make_computer(model, make_projector(spec, {n: tuple(p.shape) for n, p in model.named_parameters()}))
+        assert isinstance(comp, BatchedComputer)
+        calls = ForwardCount(model)
+        got = comp.compute_many(flat)
+        assert calls.n == 0
+        for res, traj in zip(got, flat):
+            assert res.status == "zero_advantage" and not np.any(res.vector)
+            assert res.p_theta == float(traj.rewards[0]) and res.std_theta == 0.0
+            assert res.ess is None and res.ess_fraction is None and res.log_mean_weight is None
+        records = comp.compute_many(trajs)
+        vectors = comp.vectors([comp._prepare(t) for t in trajs])
+        assert calls.n > 0 and [r.status for r in records] == ["ok", "zero_advantage", "ok", "zero_advantage",
+                                                               "zero_advantage"]
+        for i, (res, traj) in enumerate(zip(records, trajs)):
+            if res.status != "ok":
+                assert res.ess is None and not vectors[i].any()
+                continue
+            grads = dict(brute_force_grad(double_model(), traj))
+            want = comp.projector.project((n, grads[n][None]) for n in comp.projector.param_names)[0]
+            # the projector forms the product in float32 (as test_factored's formed-gradient check allows)
+            torch.testing.assert_close(vectors[i], want.to(vectors.dtype), rtol=1e-5, atol=1e-6)
+            assert_diagnostics(res, brute_force_diagnostics(double_model(), traj), rel=1e-6)
+
+
+def double_model(seed=0):
+    model = tiny_model(seed).double()
+    model.config._attn_implementation = "sdpa"  # float64 eager turns left padding's masked rows into NaN
+    return model
+
+
 # ---------------------------------------------------------------- checkpoint loading
 
 class _Payload:

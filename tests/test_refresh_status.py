@@ -123,3 +123,104 @@ def test_refresh_by_status_threshold_and_columns(tmp_path):
     old.mkdir()
     make_inputs(old, ROWS[:2], with_theta=False)  # p_theta and the mean weight unknown (NaN)
     assert refresh(job(old, budget=1.0))["plan"]["selected"] == []
+
+
+# ---------------------------------------------------------------- all-equal groups scoring did not run
+
+
+def perturbed_copy(model, out, scale=0.3, seed=3):
+    """A checkpoint near ``model`` (its weights plus noise): theta != beta, so the weights differ from 1."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model, out)
+    tensors = load_file(out / "model.safetensors")
+    g = torch.Generator().manual_seed(seed)
+    save_file({k: v + scale * v.float().std() * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+               for k, v in tensors.items()}, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def brute_force_weights(model_path, trajs) -> dict[str, tuple[float, float]]:
+    """Prompt id -> (ESS/K, log mean weight) from log w_k = sum_t (log pi - log beta), log pi one unpadded
+    sequence at a time (support.ess.teacher_forced), in plain floats."""
+    from support.ess import teacher_forced
+
+    from cropi.models.loading import load_causal_lm
+
+    model = load_causal_lm(model_path)
+    out = {}
+    for t in trajs:
+        lw = [sum(a - b for a, b in zip(teacher_forced(model, list(t.prompt_token_ids), list(r)), beh))
+              for r, beh in zip(t.responses, t.behavior_logprobs)]
+        top, k = max(lw), len(lw)
+        w = [math.exp(x - top) for x in lw]
+        out[t.prompt_id] = (sum(w) ** 2 / sum(x * x for x in w) / k, top + math.log(sum(w) / k))
+    return out
+
+
+def test_the_all_equal_groups_scoring_did_not_run_are_weighed_for_the_criterion(tmp_path):
+    """Scoring runs no forward pass on a group whose rewards are all equal: its ESS/K and log mean weight
+    are stored null. Given the trajectory store the gradients came from, the refresh computes them at the
+    checkpoint (the values a brute force gives) and both criteria choose as before; without it neither
+    criterion chooses them, and the plan and summary count them."""
+    from cropi.pipeline.collect import CollectJob, collect
+    from cropi.pipeline.compute_gradients import GradientJob, compute_gradients
+    from cropi.pipeline.refresh import select_for_refresh
+    from cropi.projection import ProjectionSpec
+
+    behavior = shipped_model()
+    records = task_splits()["pool"][:8]
+    write_jsonl(records, str(tmp_path / "pool.jsonl"))
+    traj_dir = str(tmp_path / "trajectories")
+    collect(CollectJob(model=str(behavior), prompts=str(tmp_path / "pool.jsonl"), out=traj_dir, backend="hf",
+                       reward="exact_numeric", sampling=SamplingConfig(samples=4, max_new_tokens=6, temperature=1.0),
+                       batch_prompts=8))
+    ckpt = perturbed_copy(behavior, tmp_path / "ckpt")
+    spec = ProjectionSpec(kind="sjlt", dim=4)
+    compute_gradients(GradientJob(model=str(ckpt), trajectories=traj_dir, store=str(tmp_path / "grads"), split="pool",
+                                  name="ck", projection=spec, gradient_dtype="float32", device="cpu"))
+    table = GradientStore(str(tmp_path / "grads")).open_split("ck", spec.spec_id, "pool").read()
+    c = table.columns
+    flat = [p for p, s in zip(table.prompt_ids, c["status"]) if s == "zero_advantage"]
+    assert flat and len(flat) < len(table)  # both kinds of group (fixed seeds)
+    rows = {p: i for i, p in enumerate(table.prompt_ids)}
+    assert all(math.isnan(table.log_mean_weight[rows[p]]) and math.isnan(table.ess_fraction[rows[p]]) for p in flat)
+
+    trajs = list(TrajectoryStore.open(traj_dir).iter_prompts(table.prompt_ids))
+    brute = brute_force_weights(str(ckpt), trajs)
+    ess = np.array([brute[p][0] if p in flat else v for p, v in zip(table.prompt_ids, table.ess_fraction)])
+    log_mass = np.array([brute[p][1] if p in flat else v for p, v in zip(table.prompt_ids, table.log_mean_weight)])
+    status = status_change_probability(c["reward_mean"], c["reward_std"], c["n_responses"], table.p_theta, log_mass)
+    assert any(status[rows[p]] > 0 for p in flat)  # theta moved: a fresh all-equal group may now be mixed
+
+    def run(name, **kw):
+        return refresh(RefreshJob(model=str(ckpt), prompts=str(tmp_path / "pool.jsonl"),
+                                  gradients=str(tmp_path / "grads"), checkpoint="ck", spec_id=spec.spec_id,
+                                  out=str(tmp_path / name), backend="hf", reward="exact_numeric",
+                                  sampling=SamplingConfig(samples=2, max_new_tokens=2), batch_prompts=8, budget=1.0,
+                                  **kw))
+
+    plan = run("by-status", criterion="status", above=0.0, trajectories=traj_dir)["plan"]
+    assert plan["selected"] == select_above(table.prompt_ids, status, 0.0, 1.0) and set(flat) & set(plan["selected"])
+    assert plan["all_equal_unknown"] == 0
+    assert plan["status_change_probability"] == pytest.approx({p: status[rows[p]] for p in plan["selected"]}, rel=1e-4)
+    plan = run("by-ess", criterion="ess", below=1.0, trajectories=traj_dir)["plan"]
+    assert plan["selected"] == select_for_refresh(table.prompt_ids, ess, 1.0, 1.0) and set(flat) & set(plan["selected"])
+    assert plan["ess_fraction"] == pytest.approx({p: ess[rows[p]] for p in plan["selected"]}, rel=1e-4)
+
+    # without the trajectories: unknown, never chosen, and counted
+    plan = run("by-ess-alone", criterion="ess", below=1.0)["plan"]
+    assert plan["selected"] == [p for p in select_for_refresh(table.prompt_ids, ess, 1.0, 1.0) if p not in flat]
+    out = run("by-status-alone", criterion="status", above=0.0)
+    assert out["plan"]["selected"] == [p for p in select_above(table.prompt_ids, status, 0.0, 1.0) if p not in flat]
+    assert summary(out)["all_equal_unknown"] == out["plan"]["all_equal_unknown"] == len(flat)
+    # the weights are the gradients' own: another checkpoint or another trajectory store is refused
+    with pytest.raises(MismatchError, match="not the checkpoint"):
+        refresh(RefreshJob(model=str(behavior), prompts=str(tmp_path / "pool.jsonl"),
+                           gradients=str(tmp_path / "grads"), checkpoint="ck", spec_id=spec.spec_id,
+                           out=str(tmp_path / "other"), criterion="status", budget=1.0, trajectories=traj_dir))
+    with pytest.raises(MismatchError, match="not the trajectory store"):
+        run("other-store", criterion="status", trajectories=str(tmp_path / "by-status" / "trajectories"))

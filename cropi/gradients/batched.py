@@ -16,9 +16,11 @@ block, or a TensorSketch); a prompt's vector is the sum of its rows' shares, ove
 micro-batches they fell in. No weight gradient is formed (the model's weights are frozen
 here: the computer owns ``requires_grad``, as the per-prompt one does).
 
-Prompts whose advantages are all zero get a forward pass only (their ESS), as in the
-per-prompt path. ``raw_norm`` is the norm of the projected vector, an unbiased estimate of
-the full gradient's squared norm (the full gradient itself is never formed).
+Prompts whose rewards are all equal (advantages all zero) get no pass at all, as in the
+per-prompt path: p_theta and std_theta need no weights, their ESS is absent
+(``cropi.gradients.groups.unweighted_diagnostics``). ``raw_norm`` is the norm of the projected
+vector, an unbiased estimate of the full gradient's squared norm (the full gradient itself is
+never formed).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 from cropi.errors import InvalidInputError
 from cropi.gradients.batching import build_rows, plan_micro_batches
 from cropi.gradients.groups import (Trajectories, context_limit, diagnostics, fit_to_context, pad_id_of,
-                                    rewards_and_base, token_logprobs)
+                                    rewards_and_base, token_logprobs, unweighted_diagnostics)
 from cropi.gradients.options import LossOptions
 from cropi.gradients.packing import ModelShape, build_packed, packed_logprobs, should_pack
 from cropi.gradients.hooks import FactoredHooks
@@ -91,23 +93,23 @@ class BatchedComputer:
         return [self._record(p, vectors[i]) for i, p in enumerate(prompts)]
 
     def vectors(self, prompts: Sequence[_Prompt]) -> torch.Tensor:
-        """Each prompt's projected vector (n, out_dim), in float32 or the model's wider dtype; sets ``log_w``."""
+        """Each prompt's projected vector (n, out_dim), in float32 or the model's wider dtype; sets the
+        ``log_w`` of the live prompts, the only ones the model runs on (the others' rows stay zero)."""
         dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
         out = torch.zeros(len(prompts), self.projector.out_dim, dtype=dtype, device=self.device)
-        for p in prompts:
-            p.log_w = torch.zeros(len(p.responses), dtype=torch.float64)
+        members = [i for i, p in enumerate(prompts) if p.live]
+        for i in members:
+            prompts[i].log_w = torch.zeros(len(prompts[i].responses), dtype=torch.float64)
         budget = self.options.token_budget
-        for live in (True, False):
-            members = [i for i, p in enumerate(prompts) if p.truncated != "prompt" and p.live == live]
-            packed = [i for i in members if self._packs(prompts[i])]
-            alone = sorted(set(members) - set(packed))
-            rows = [(i, k) for i in alone for k in range(len(prompts[i].responses))]
-            lengths = [len(prompts[i].prompt) + len(prompts[i].responses[k]) for i, k in rows]
-            for group in plan_micro_batches(lengths, budget):
-                self._micro_batch(prompts, [rows[j] for j in group], out if live else None)
-            widths = [len(prompts[i].prompt) + sum(map(len, prompts[i].responses)) for i in packed]
-            for group in plan_micro_batches(widths, budget):
-                self._packed_batch(prompts, [packed[j] for j in group], out if live else None)
+        packed = [i for i in members if self._packs(prompts[i])]
+        alone = sorted(set(members) - set(packed))
+        rows = [(i, k) for i in alone for k in range(len(prompts[i].responses))]
+        lengths = [len(prompts[i].prompt) + len(prompts[i].responses[k]) for i, k in rows]
+        for group in plan_micro_batches(lengths, budget):
+            self._micro_batch(prompts, [rows[j] for j in group], out)
+        widths = [len(prompts[i].prompt) + sum(map(len, prompts[i].responses)) for i in packed]
+        for group in plan_micro_batches(widths, budget):
+            self._packed_batch(prompts, [packed[j] for j in group], out)
         return out
 
     def _packs(self, p: _Prompt) -> bool:
@@ -115,7 +117,7 @@ class BatchedComputer:
         return self.pack and should_pack(len(p.prompt), [len(r) for r in p.responses], self.shape,
                                          self.options.token_budget)
 
-    def _micro_batch(self, prompts, rows: list[tuple[int, int]], out: torch.Tensor | None) -> None:
+    def _micro_batch(self, prompts, rows: list[tuple[int, int]], out: torch.Tensor) -> None:
         """Rows ``(prompt, response)`` each its own left-padded row; a prompt's rows summed by the hooks."""
         mb = build_rows([(prompts[i].prompt, prompts[i].responses[k], prompts[i].behavior[k]) for i, k in rows],
                         list(range(len(rows))), self.pad_id)
@@ -125,7 +127,7 @@ class BatchedComputer:
         self._pass(prompts, rows, mb, mb.attention_mask, groups, list(local), out,
                    lambda: token_logprobs(self.model, mb, self.device))
 
-    def _packed_batch(self, prompts, members: list[int], out: torch.Tensor | None) -> None:
+    def _packed_batch(self, prompts, members: list[int], out: torch.Tensor) -> None:
         """Prompts ``members`` one packed row each (cropi.gradients.packing): the prompt computed once."""
         pb = build_packed([(prompts[i].prompt, prompts[i].responses, prompts[i].behavior) for i in members],
                           self.pad_id)
@@ -134,13 +136,9 @@ class BatchedComputer:
                    lambda: packed_logprobs(self.model, pb, self.device))
 
     def _pass(self, prompts, rows, batch, token_mask, groups, owners: list[int], out, logprobs) -> None:
-        """One forward (and, for live prompts, one hooked backward) of a batch whose responses are ``rows``
+        """One forward and one hooked backward of a batch of live prompts whose responses are ``rows``
         (prompt, response) in the batch's response order; ``cap.rows[j]`` is prompt ``owners[j]``'s sum."""
         beh, mask = batch.behavior_logp.to(self.device), batch.response_mask.to(self.device)
-        if out is None:
-            with torch.no_grad():
-                self._keep_log_w(prompts, rows, logprobs(), beh, mask)
-            return
         with self.hooks.capture(token_mask.to(self.device), groups) as cap:
             logp = logprobs()
             self._keep_log_w(prompts, rows, logp.detach(), beh, mask)
@@ -165,9 +163,10 @@ class BatchedComputer:
         zeros = np.zeros(self.projector.out_dim, dtype=np.float32)
         if p.truncated == "prompt":
             return GradientRecord(vector=zeros, raw_norm=0.0, status="truncated", **p.base)
+        if not p.live:  # rewards all equal (CROPI's advantages are all zero exactly then): never run
+            return GradientRecord(vector=zeros, raw_norm=0.0, status="zero_advantage",
+                                  **p.base, **unweighted_diagnostics(p.rewards))
         base = p.base | diagnostics(p.log_w, p.rewards)
-        if not p.live:
-            return GradientRecord(vector=zeros, raw_norm=0.0, status="zero_advantage", **base)
         raw_norm = float(vector.double().norm())
         if not math.isfinite(raw_norm):
             return GradientRecord(vector=zeros, raw_norm=raw_norm, status="nonfinite", **base)

@@ -9,6 +9,12 @@ the parameters the projection spec covers get gradients, which saves work.
 (``factored``, ``tensorsketch``) the batched one (``cropi.gradients.batched``), which gets many
 prompts' vectors from one backward. Both have ``compute`` (one prompt) and
 ``compute_many`` (a list; ``prompts_per_call`` at a time is what callers feed).
+
+A group whose rewards are all equal (status ``zero_advantage``) has a gradient of exactly zero at
+every theta, under either estimator: neither computer runs the model on it. Its ``p_theta`` (the
+common reward) and ``std_theta`` (0) need no weights; its ``ess``, ``ess_fraction`` and
+``log_mean_weight`` are absent (None). The theta estimator's other zero-advantage groups (mixed
+rewards a fresh group at theta would likely not show) keep every diagnostic: their forward ran.
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ from cropi.gradients.options import LossOptions
 from cropi.gradients.batching import build_micro_batch, plan_micro_batches
 from cropi.gradients.popi import (group_advantages, popi_loss, sequence_log_weights, theta_coefficients,
                                   theta_loss)
-from cropi.gradients.groups import (Trajectories, context_limit, diagnostics, fit_to_context,  # noqa: F401
-                                    pad_id_of, rewards_and_base, token_logprobs)
+from cropi.gradients.groups import (Trajectories, all_equal, context_limit, diagnostics, fit_to_context,  # noqa: F401
+                                    pad_id_of, rewards_and_base, token_logprobs, unweighted_diagnostics)
 from cropi.store.types import GradientRecord
 
 
@@ -54,12 +60,15 @@ class GradientComputer:
         rewards, base = rewards_and_base(traj, prompt, responses)
         if truncated == "prompt":
             return GradientRecord(vector=self._zeros(), raw_norm=0.0, status="truncated", **base)
-        adv = self._advantages(prompt, responses, behavior, rewards)
+        if all_equal(rewards):
+            # No gradient at any theta, so no forward either: p_theta and std_theta need no weights, the ESS is absent.
+            return GradientRecord(vector=self._zeros(), raw_norm=0.0, status="zero_advantage",
+                                  **base, **unweighted_diagnostics(rewards))
+        adv, log_w = self._advantages(prompt, responses, behavior, rewards)
         if not torch.any(adv != 0):
-            # No gradient, but the diagnostics still say whether theta has moved away from these samples.
-            with torch.no_grad():
-                base |= self._diagnostics(self._backward(prompt, responses, behavior, None), rewards)
-            return GradientRecord(vector=self._zeros(), raw_norm=0.0, status="zero_advantage", **base)
+            # The theta estimator gives no signal at theta: the weights its forward pass gave are the diagnostics'.
+            return GradientRecord(vector=self._zeros(), raw_norm=0.0, status="zero_advantage",
+                                  **base, **self._diagnostics(log_w, rewards))
         base |= self._diagnostics(self._backward(prompt, responses, behavior, adv), rewards)
         grads = [(n, _grad_of(p)[None]) for n, p in self.params]
         raw_norm = math.sqrt(sum(float(g.double().pow(2).sum()) for _, g in grads))
@@ -69,15 +78,16 @@ class GradientComputer:
         status = "truncated" if truncated else "ok"
         return GradientRecord(vector=vector, raw_norm=raw_norm, status=status, **base)
 
-    def _advantages(self, prompt, responses, behavior, rewards: torch.Tensor) -> torch.Tensor:
-        """Per-response advantages ``_loss`` takes: the behavior group's (CROPI), or the theta
-        estimator's coefficients, whose weights need a forward pass at theta first."""
-        adv = group_advantages(rewards)
-        if self.options.advantage == "behavior" or not torch.any(adv != 0):
-            return adv
+    def _advantages(self, prompt, responses, behavior, rewards: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-response advantages ``_loss`` takes, for a group whose rewards are not all equal: the
+        behavior group's (CROPI), or the theta estimator's coefficients, whose weights need a forward
+        pass at theta first (returned with them; None for CROPI's, which need none)."""
+        if self.options.advantage == "behavior":
+            return group_advantages(rewards), None
         with torch.no_grad():
             log_w = self._backward(prompt, responses, behavior, None)
-        return theta_coefficients(rewards, log_w)
+        return theta_coefficients(rewards, log_w), log_w
 
     def _backward(self, prompt, responses, behavior, adv: torch.Tensor | None) -> torch.Tensor:
         """One pass over the group: backward of the POPI loss when ``adv`` is given (the
@@ -120,6 +130,32 @@ def make_computer(model: torch.nn.Module, projector, options: LossOptions | None
 
         return BatchedComputer(model, projector, options)
     return GradientComputer(model, projector, options)
+
+
+def weight_diagnostics(model: torch.nn.Module, trajs, options: LossOptions | None = None) -> dict[str, dict]:
+    """Prompt id -> the off-policy diagnostics (``diagnostics``: ESS, ESS/K, p_theta, std_theta, log
+    mean weight) of its group at ``model``, from a no-grad forward over the group as the computers
+    fit and batch it: what they would have stored had they run the model on a group whose rewards
+    are all equal (they do not). For a refresh whose criterion needs those weights. A prompt that
+    does not fit the context gets none (the computers store none for it)."""
+    options = options or LossOptions()
+    device, pad_id, limit = next(model.parameters()).device, pad_id_of(model), context_limit(model, options)
+    out = {}
+    with torch.no_grad():
+        for traj in trajs:
+            prompt, responses, behavior, truncated = fit_to_context(traj, limit)
+            rewards, _ = rewards_and_base(traj, prompt, responses)
+            if truncated == "prompt":
+                out[traj.prompt_id] = dict.fromkeys(unweighted_diagnostics(rewards))
+                continue
+            log_w = torch.zeros(len(responses), dtype=torch.float64)
+            for indices in plan_micro_batches([len(prompt) + len(r) for r in responses], options.token_budget):
+                mb = build_micro_batch(prompt, responses, behavior, indices, pad_id)
+                logp = token_logprobs(model, mb, device)
+                log_w[indices] = sequence_log_weights(logp, mb.behavior_logp.to(device),
+                                                      mb.response_mask.to(device)).cpu()
+            out[traj.prompt_id] = diagnostics(log_w, rewards)
+    return out
 
 
 def _grad_of(p: torch.nn.Parameter) -> torch.Tensor:

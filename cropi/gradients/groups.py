@@ -1,6 +1,7 @@
 """What both gradient paths (per prompt, and batched factored) do with one prompt's group: fit it to
 the context, its rewards and record fields, per-token log-probs at theta, and the off-policy
-diagnostics of its importance weights (ESS, p_theta, std_theta, log mean weight)."""
+diagnostics of its importance weights (ESS, p_theta, std_theta, log mean weight), or, for a group
+whose rewards are all equal (no gradient, no forward), the ones that need no weights."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Protocol, Sequence
 import torch
 
 from cropi.gradients.options import LossOptions
-from cropi.gradients.popi import effective_sample_size, log_mean_weight, weighted_group_stats
+from cropi.gradients.popi import effective_sample_size, group_advantages, log_mean_weight, weighted_group_stats
 
 
 class Trajectories(Protocol):
@@ -66,6 +67,22 @@ def diagnostics(log_w: torch.Tensor, rewards: torch.Tensor) -> dict:
     return {"ess": ess, "ess_fraction": None if ess is None or k == 0 else ess / k,
             "p_theta": None if stats is None else stats[0], "std_theta": None if stats is None else stats[1],
             "log_mean_weight": log_mean_weight(log_w)}
+
+
+def all_equal(rewards: torch.Tensor) -> bool:
+    """Whether the group carries no signal whatever theta is: its rewards are all equal (or it has
+    fewer than two), exactly when POPI's advantages (``group_advantages``) are all zero, and the theta
+    estimator's too (``theta_coefficients``). Neither computer runs the model on such a group."""
+    return not bool(torch.any(group_advantages(rewards) != 0))
+
+
+def unweighted_diagnostics(rewards: torch.Tensor) -> dict:
+    """``diagnostics`` of a group whose rewards are all equal, without a forward pass: p_theta is
+    the common reward and std_theta 0 whatever the weights (self-normalised weights sum to 1);
+    ESS, ESS/K and the log mean weight need the weights and are absent (None, stored as null)."""
+    k = len(rewards)
+    return {"ess": None, "ess_fraction": None, "p_theta": float(rewards[0]) if k else None,
+            "std_theta": 0.0 if k else None, "log_mean_weight": None}
 
 
 def context_limit(model, options: LossOptions) -> int | None:

@@ -18,10 +18,20 @@ diagnostics stored with the gradients the checkpoint was scored with:
   The self-normalised p_theta cannot leave 0 or 1 for an all-equal group whatever the weights,
   hence the ordinary importance-sampling mass (1/K) sum_k w_k there (stored as its log).
 
+Scoring runs no forward pass on a group whose rewards are all equal (its gradient is zero at every
+theta), so its ESS, ESS/K and log mean weight are not stored (null). Given the trajectory store the
+gradients were computed from (``trajectories``; the score step passes it), the refresh computes
+what its criterion needs for those prompts at the checkpoint (``weight_diagnostics``: a no-grad
+forward over them only), so both criteria see them as before. Without it their value is unknown
+and neither criterion chooses them (under ``status`` they are the groups the policy may have
+learned or unlearned: pass the store); the plan and the printed summary count them
+(``all_equal_unknown``).
+
 The choice is frozen in ``<out>/plan.json`` the first time, so a killed refresh resumes the same
 prompts (the collection itself skips what it already committed). Layout of ``out``::
 
-    plan.json        checkpoint, criterion, threshold, budget, the chosen prompts and their values
+    plan.json        checkpoint, criterion, threshold, budget, the chosen prompts and their values,
+                     and how many all-equal prompts were left unknown (``all_equal_unknown``)
     prompts.jsonl    the chosen prompt records
     trajectories/    a trajectory store sampled at the checkpoint (the collect job's)
 
@@ -66,6 +76,12 @@ class RefreshJob(RefreshOptions):
     spec_id: Optional[str] = Field(None, description="projection spec id, when the checkpoint has several")
     split: str = Field(POOL, pattern=NAME_PATTERN, description="the split to refresh")
     out: str = Field(min_length=1, description="output folder: plan.json, prompts.jsonl, trajectories/")
+    trajectories: Optional[str] = Field(
+        None, description="the trajectory store the split's gradients were computed from. Scoring runs no "
+        "forward pass on a prompt whose rewards were all equal, so its ESS/K and log mean weight are not stored; "
+        "with this store they are computed at --model (which must be the checkpoint of the gradients) for the "
+        "criterion. Without it such prompts have no value and are never chosen, by either criterion "
+        "(all_equal_unknown counts them)")
     sampling: SamplingConfig = _COLLECT["sampling"]
     backend: Backend = _COLLECT["backend"]
     reward: str = _COLLECT["reward"]
@@ -140,9 +156,12 @@ def refresh(job: RefreshJob, progress: Progress | None = None, backend=None) -> 
 
 def summary(result: dict) -> dict:
     """What ``cropi refresh`` prints: the plan's settings, how many prompts it chose (and which),
-    and the collect counts (without the plan's per-prompt values, which are in plan.json)."""
+    and the collect counts (without the plan's per-prompt values, which are in plan.json).
+    ``all_equal_unknown``: the prompts with all-equal rewards the criterion could not value (their
+    weights were not computed: no ``trajectories``), never chosen; None in a plan written before it."""
     plan = result["plan"]
-    keys = ("checkpoint", "spec_id", "split", "criterion", "below", "above", "budget", "pool_size")
+    keys = ("checkpoint", "spec_id", "split", "criterion", "below", "above", "budget", "pool_size",
+            "all_equal_unknown")
     head = {k: plan.get(k, "ess" if k == "criterion" else None) for k in keys}
     head.pop("above" if head["criterion"] == "ess" else "below")  # the other criterion's threshold
     counts = {k: v for k, v in result.items() if k != "plan"}
@@ -164,29 +183,86 @@ def _plan(job: RefreshJob, fs, path: str) -> dict:
             raise MismatchError(f"{path} plans a refresh with other settings ({', '.join(differ)}); "
                                 "use another output folder or delete it")
         return stored
-    table = GradientStore(job.gradients).open_split(job.checkpoint, job.spec_id, job.split).read(verify=True)
-    values = _criterion_values(job, table)
+    split = GradientStore(job.gradients).open_split(job.checkpoint, job.spec_id, job.split)
+    table = split.read(verify=True)
+    values, unweighed = _criterion_values(job, table, split)
     if job.criterion == "ess":
         selected = select_for_refresh(table.prompt_ids, values, job.below, job.budget)
     else:
         selected = select_above(table.prompt_ids, values, job.above, job.budget)
     row = {p: i for i, p in enumerate(table.prompt_ids)}
     column = "ess_fraction" if job.criterion == "ess" else "status_change_probability"
-    plan = want | {"pool_size": len(table), "selected": selected, column: {p: float(values[row[p]]) for p in selected}}
+    plan = want | {"pool_size": len(table), "all_equal_unknown": unweighed, "selected": selected,
+                   column: {p: float(values[row[p]]) for p in selected}}
     write_json_atomic(fs, path, plan)
     return plan
 
 
-def _criterion_values(job: RefreshJob, table) -> np.ndarray:
-    """The per-prompt value the criterion thresholds; a clear error when the split lacks its columns."""
+def _criterion_values(job: RefreshJob, table, split) -> tuple[np.ndarray, int]:
+    """The per-prompt value the criterion thresholds (a clear error when the split lacks its columns)
+    and how many prompts whose rewards were all equal it leaves unknown. Their weights, which scoring
+    does not compute, are computed here when ``job.trajectories`` is given (see the module doc)."""
+    c = table.columns
     if job.criterion == "ess":
         if table.ess_fraction is None:
             raise InvalidInputError(f"the gradients of split {job.split!r} at {job.checkpoint!r} were stored "
                                     "without ESS; recompute them with this cropi to refresh by ESS")
-        return table.ess_fraction
+        values = _weighed(job, table, split, table.ess_fraction, "ess_fraction")
+        return values, len(_unweighed(table, values))
     if table.p_theta is None or table.log_mean_weight is None:
         raise InvalidInputError(f"the gradients of split {job.split!r} at {job.checkpoint!r} were stored without "
                                 "p_theta and log_mean_weight; recompute them with this cropi to refresh by status")
+    log_mass = _weighed(job, table, split, table.log_mean_weight, "log_mean_weight")
+    values = status_change_probability(c["reward_mean"], c["reward_std"], c["n_responses"], table.p_theta, log_mass)
+    return values, len(_unweighed(table, log_mass))
+
+
+def _weighed(job: RefreshJob, table, split, stored: np.ndarray, column: str) -> np.ndarray:
+    """``stored`` (a column of the split) with the values of the groups scoring did not run filled in
+    from their weights at the checkpoint, when ``job.trajectories`` is given (NaN otherwise)."""
+    values = np.array(stored, dtype=np.float64)
+    rows = _unweighed(table, values)
+    if rows and job.trajectories is not None:
+        weighed = _weigh(job, split, [table.prompt_ids[i] for i in rows])
+        for i in rows:
+            value = weighed[table.prompt_ids[i]][column]
+            values[i] = float("nan") if value is None else value
+    return values
+
+
+def _unweighed(table, values: np.ndarray) -> list[int]:
+    """Rows whose group scoring did not run (status zero_advantage: rewards all equal) with an unknown
+    ``values`` (their weights were never computed), of two responses or more (one gives no value)."""
     c = table.columns
-    return status_change_probability(c["reward_mean"], c["reward_std"], c["n_responses"], table.p_theta,
-                                     table.log_mean_weight)
+    return [i for i, (s, k, v) in enumerate(zip(c["status"], c["n_responses"], values))
+            if s == "zero_advantage" and k >= 2 and not math.isfinite(v)]
+
+
+def _weigh(job: RefreshJob, split, prompt_ids: list[str]) -> dict[str, dict]:
+    """``weight_diagnostics`` of ``prompt_ids`` at ``job.model`` over ``job.trajectories``, both checked
+    to be what the split's gradients were computed from (else the weights would not be theirs)."""
+    import torch
+
+    from cropi.gradients import LossOptions
+    from cropi.gradients.computer import weight_diagnostics
+    from cropi.models.loading import load_causal_lm
+    from cropi.pipeline.compute_gradients import _identity_hash
+    from cropi.store import TrajectoryStore
+    from cropi.utils.device import resolve_device
+    from cropi.utils.fingerprint import model_fingerprint
+
+    trajectories = TrajectoryStore.open(job.trajectories)
+    if split.extra.get("trajectories") != _identity_hash(trajectories.identity):
+        raise MismatchError(f"{job.trajectories} is not the trajectory store the gradients of split {job.split!r} "
+                            f"at {job.checkpoint!r} were computed from: pass that one")
+    if model_fingerprint(job.model) != split.checkpoint.fingerprint:
+        raise MismatchError(f"{job.model} is not the checkpoint the gradients {job.checkpoint!r} were computed at: "
+                            "the weights of their all-equal groups are computed at that checkpoint")
+    model = load_causal_lm(job.model, device=resolve_device("auto"))
+    try:
+        loss = LossOptions(**split.extra.get("loss", {}))  # the gradients' own: their context limit and batching
+        return weight_diagnostics(model, trajectories.iter_prompts(prompt_ids), loss)
+    finally:
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # before the collection's engine starts

@@ -66,7 +66,7 @@ def _score(request: ScoreRequest, root: str | Path, progress: Progress, refresh:
     name, replace, refreshed = jobs[0].checkpoint_name, None, None
     result = _rank(request, root, name)
     if refresh is not None and request.behavior and request.behavior != request.model:
-        replace, refreshed = _refresh(request, root, name, refresh, progress)
+        replace, refreshed = _refresh(request, root, name, refresh, progress, trajectories[POOL])
         if replace is not None:
             result = _rank(request, root, name, replace)
     _, path = ranking_file(store_path(root), name, request.projection.spec_id,
@@ -88,14 +88,16 @@ def _rank(request: ScoreRequest, root: str | Path, name: str, replace: str | Non
 
 
 def _refresh(request: ScoreRequest, root: str | Path, name: str, options: RefreshOptions,
-             progress: Progress) -> tuple[str | None, list[str]]:
+             progress: Progress, pool_trajectories: str) -> tuple[str | None, list[str]]:
     """Re-collect the prompts ``options`` picks at the model and compute their gradients; returns the
-    split holding them (None when none was picked) and the refreshed prompt ids."""
+    split holding them (None when none was picked) and the refreshed prompt ids. The pool's trajectory
+    store lets the refresh weigh the all-equal groups scoring did not run (cropi.pipeline.refresh)."""
     key = short_hash(options.model_dump(mode="json"))[:8]
     out = Path(root).resolve() / "refresh" / f"{name}-{key}"
     opts = request.collect
     job = RefreshJob(**options.model_dump(), model=request.model, prompts=request.pool, gradients=store_path(root),
                      checkpoint=name, spec_id=request.projection.spec_id, split=POOL, out=str(out),
+                     trajectories=pool_trajectories,
                      sampling=opts.sampling(opts.pool_samples), backend=opts.backend, reward=opts.reward,
                      batch_prompts=opts.batch_prompts, engine=opts.engine)
     chosen = run_refresh(job, progress)["plan"]["selected"]
