@@ -25,7 +25,12 @@ from cropi.pipeline.curriculum import loop, run_curriculum
 from cropi.pipeline.curriculum.check import CheckOptions
 from cropi.trainers import StageResult
 from cropi.trainers.lean import LeanOptions
-from test_curriculum import make_config, setup  # noqa: F401  (the tiny model, pool and validation sets)
+from support.curriculum import build_setup, make_config
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    return build_setup(tmp_path_factory.mktemp("check"))
 
 
 # ---------------------------------------------------------------- the statistics against brute force
@@ -168,6 +173,14 @@ def test_a_stage_that_helps_keeps_going_and_spends_exactly_its_steps(setup, monk
     assert sum(spent) == 2 * 8  # the race's losing part counts: no stage spends more than its steps
     stages = result["stages"]
     assert [s["global_step"] for s in stages] == [8, 16] and all(s["steps_done"] == 8 for s in stages)
+    from cropi.store.rankings import read_ranking
+    from cropi.utils.fsio import resolve
+
+    # the ranking's meta says what its stage's check saw (the stand-in trainer leaves the weights as they were,
+    # so both stages score one checkpoint and share its ranking: the last stage's check is the one kept)
+    _, meta = read_ranking(*resolve(stages[1]["ranking"]))
+    assert meta["check"]["end"]["cases"] == second["end"]["cases"]
+    assert [e["action"] for e in meta["check"]["parts"]] == [e["action"] for e in second["parts"]]
     steps = [json.loads(line)["step"] for s in stages for line in Path(s["metrics_path"]).read_text().splitlines()
              if "eval" not in json.loads(line)]
     assert steps == list(range(1, 17))  # every trained step once, on the curriculum's spent-step axis

@@ -135,8 +135,12 @@ def concentration(sel: float | None, rand: float | None, batch: int | None) -> d
             "message": f"the selected prompts' gradients agree (mean pairwise cosine {sel:.3f} against "
                        f"{rand if rand is None else round(rand, 3)} for a random draw): in batches of {batch} their "
                        f"shared direction outweighs the rest ({snr:.1f}x), so AdamW steps along it at full size "
-                       "every step and the subset can overshoot within a few steps. Shorten the stages, lower the "
-                       "learning rate, or use a selector that bounds the concentration (selector 'diverse')"})
+                       "every step. That is a risk, not a verdict: it is how such a subset trains the targets fast "
+                       "when the shared direction is the skill, and how it overshoots into a shortcut when it is "
+                       "not, and only the validation sets tell which once training starts. A checked curriculum "
+                       "(check.enabled, the default) measures them after every part of the stage and, on a fall "
+                       "beyond their noise, restores the stage's best checkpoint and goes on with its fallback "
+                       "selector ('diverse', which bounds the concentration); unchecked, watch them yourself"})
     return out
 
 

@@ -36,7 +36,7 @@ def checked(config: CurriculumConfig, trainer) -> str | None:
     if not config.check.enabled:
         return "the check is off (check.enabled: false)"
     if not getattr(trainer, "runs_in_parts", False):
-        return (f"trainer {trainer.name!r} cannot run a stage in parts (it cannot train on from an earlier "
+        return (f"trainer {getattr(trainer, 'name', type(trainer).__name__)!r} cannot run a stage in parts (it cannot train on from an earlier "
                 "checkpoint of its run): the stage runs unchecked")
     if not config.validation:
         return "no validation sets to check against"
@@ -64,6 +64,7 @@ def run_checked_stage(config: CurriculumConfig, paths: CurriculumPaths, state: S
         run.part(len(record["parts"]))
     if "end" not in record:
         record["end"] = run.end()
+        _tell_the_ranking(stage, record)
         state.save()
     return run.trained()
 
@@ -290,6 +291,32 @@ class _Stage:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
         tmp.replace(out)
         return str(out)
+
+
+def _tell_the_ranking(stage: dict, record: dict) -> None:
+    """What the check saw, where the stage's selection is read: the ranking's meta (``check``) and each
+    ``concentrated_selection`` warning of the stage record (``observed``): a concentrated subset is a risk,
+    and whether it moved the targets the right way is what the check measured."""
+    from cropi.scoring.diagnostics import CONCENTRATED
+    from cropi.store.rankings import read_ranking, write_ranking
+    from cropi.utils.fsio import resolve
+
+    end = record["end"]
+    seen = (f"the stage's check measured the validation objective {record['start']['objective']:.3f} -> "
+            f"{end['objective']:.3f} (margin {end['margin']:.3f}): {', '.join(end['cases'])}")
+    for w in stage.get("selected", {}).get("diagnostics", {}).get("warnings", []):
+        if w.get("code") == CONCENTRATED:
+            w["observed"] = seen
+    path = stage.get("scored", {}).get("ranking")
+    if path and path.endswith(".parquet"):
+        from cropi.pipeline.curriculum.state import check_summary
+
+        fs, p = resolve(path)
+        try:
+            table, meta = read_ranking(fs, p)
+        except Exception:  # noqa: BLE001 - a pass-rate table or a ranking moved away: the stage record has it all
+            return
+        write_ranking(fs, p, table, meta | {"check": check_summary(stage | {"trained": {"checked": True}})})
 
 
 def _unchecked(config, paths, state, m, pool, trainer, selector, record) -> dict:
