@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from cropi.demo import DemoSettings
 from cropi.demo.acceleration import FINAL_POINTS, SHARES, acceleration, aggregate, area_under_curve, first_reaching
-from cropi.demo.settings import METHODS
-from cropi.selection import SELECTORS
+from cropi.demo.settings import DEFAULT_METHOD, METHODS
+from cropi.selection import DEFAULT_SELECTOR
 from cropi.errors import CropiError
 from cropi.generation import Sample, render_prompt
 from cropi.generation.evaluate import EvalSet, evaluate_policy
@@ -325,13 +325,27 @@ def _check_report(out, quick: DemoSettings, methods) -> dict:
         assert set(report[key]) >= set(methods) - {"full"}
         assert all({"mean", "std", "per_seed"} <= set(v) for v in report[key].values())
     assert report["acceleration_by_method"]["cropi"] == acc
-    costs = report["cost_s"]  # CROPI pays for its scoring at every stage; full pays nothing
-    assert all(v == 0 for seed in costs["full"].values() for v in seed.values())
-    assert all(seed["0"] > 0 and len(seed) == quick.stages for seed in costs["cropi"].values())
+    costs = report["cost_s"]  # CROPI pays for its scoring at every stage; full pays nothing; only checked checks
+    assert all(v["scoring"] == 0 == v["checks"] and v["training"] > 0 for seed in costs["full"].values()
+               for v in seed.values())
+    assert all(seed["0"]["scoring"] > 0 and len(seed) == quick.stages for seed in costs["cropi"].values())
+    assert all(v["checks"] == 0 for seed in costs["cropi"].values() for v in seed.values())
+    if DEFAULT_METHOD in methods:  # every check and decision of every stage of every seed, and its cost
+        assert all(v["checks"] > 0 for seed in costs[DEFAULT_METHOD].values() for v in seed.values())
+        checks = report["checks"][DEFAULT_METHOD]
+        assert sorted(checks) == [str(s) for s in range(quick.seeds)]
+        for stages in checks.values():
+            assert sorted(stages, key=int) == [str(m) for m in range(quick.stages)]
+            for m, record in stages.items():
+                assert record["checked"] and record["end"]["cases"]
+                assert sum(p["steps"] for p in record["parts"] + [r for r in record["race"] if r["race"] == "lost"]
+                           ) == quick.steps_per_stage  # the race's losing part is spent from stage 0's steps
+                assert all(p["action"] for p in record["parts"]) and (m != "0" or len(record["race"]) == 2)
+        assert report["check_cases"][DEFAULT_METHOD]
     for png in report["plots"]:
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "report.md").is_file()
-    assert report["default_selector"] in SELECTORS
+    assert report["default_selector"] == (DEFAULT_METHOD if DEFAULT_METHOD in methods else DEFAULT_SELECTOR)
     assert set(report["wallclock_acceleration_at_share"]) == {"0.5", "0.75", "0.9"}
     _check_diagnostics(out, quick, report["diagnostics"], methods)
     return report

@@ -10,7 +10,7 @@ import pytest
 
 from cropi.errors import NotFoundError
 from cropi.pipeline.rank import UNNAMED_SELECTOR, load_ranking, rank, ranking_name, stored_ranking_name
-from cropi.selection import DEFAULT_SELECTOR
+from cropi.selection import FALLBACK_SELECTOR as OTHER  # a selector that is not cropi
 from cropi.store import rankings
 from support.store import CKPT, SPEC, open_split, write_grads
 
@@ -36,12 +36,12 @@ def _folder(root):
 
 def test_every_ranking_is_named_by_its_selector(root):
     store = root / "store"
-    for selector in (DEFAULT_SELECTOR, "cropi"):
+    for selector in (OTHER, "cropi"):
         _rank(store, selector)
     names = sorted(p.name for p in _folder(root).glob("*.parquet"))
-    assert names == sorted(f"pool.{s}.parquet" for s in (DEFAULT_SELECTOR, "cropi"))
-    assert ranking_name("pool", DEFAULT_SELECTOR) == f"pool.{DEFAULT_SELECTOR}"  # the default too: no bare 'pool'
-    for selector in (DEFAULT_SELECTOR, "cropi"):
+    assert names == sorted(f"pool.{s}.parquet" for s in (OTHER, "cropi"))
+    assert ranking_name("pool", OTHER) == f"pool.{OTHER}"  # every selector: no bare 'pool'
+    for selector in (OTHER, "cropi"):
         got = load_ranking(str(store), CKPT.name, selector=selector)
         assert got.meta["selector"] == selector
 
@@ -57,16 +57,16 @@ def test_a_store_written_before_the_renaming_still_serves_its_rankings(root):
     from cropi_service.domain.library import CropiLibrary
 
     store = str(root / "store")
-    want = _rank(root / "store", DEFAULT_SELECTOR).table
-    _as_before_the_renaming(root, DEFAULT_SELECTOR)
-    assert load_ranking(store, CKPT.name, selector=DEFAULT_SELECTOR).table.equals(want)
+    want = _rank(root / "store", OTHER).table
+    _as_before_the_renaming(root, OTHER)
+    assert load_ranking(store, CKPT.name, selector=OTHER).table.equals(want)
     assert stored_ranking_name(store, CKPT.name, SPEC_ID) == "pool"
     served = CropiLibrary(root).ranking(CKPT.name, SPEC_ID)  # the service's one ranking of the checkpoint
     assert served.table.equals(want) and CropiLibrary(root).ranking_version(CKPT.name, SPEC_ID) is not None
     # a selector that ran since is stored under its own name, beside the old file
     _rank(root / "store", "cropi")
     assert load_ranking(store, CKPT.name, selector="cropi").meta["selector"] == "cropi"
-    assert load_ranking(store, CKPT.name, selector=DEFAULT_SELECTOR).table.equals(want)
+    assert load_ranking(store, CKPT.name, selector=OTHER).table.equals(want)
 
 
 def test_a_ranking_older_than_the_selectors_counts_as_cropis(root):
@@ -84,11 +84,11 @@ def test_a_selector_that_never_ran_is_refused_naming_the_rankings_that_exist(roo
     store = str(root / "store")
     _rank(root / "store", "cropi")
     _as_before_the_renaming(root, "cropi")
-    _rank(root / "store", DEFAULT_SELECTOR)
+    _rank(root / "store", OTHER)
     with pytest.raises(NotFoundError) as info:
         load_ranking(store, CKPT.name, selector="random")
     text = str(info.value)
-    assert "'random'" in text and f"{DEFAULT_SELECTOR} (pool.{DEFAULT_SELECTOR}.parquet)" in text
+    assert "'random'" in text and f"{OTHER} (pool.{OTHER}.parquet)" in text
     assert "cropi (pool.parquet)" in text
     with pytest.raises(NotFoundError, match="rankings stored there: none"):
         stored_ranking_name(store, "nobody", SPEC_ID, selector="cropi")

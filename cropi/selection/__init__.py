@@ -7,11 +7,13 @@ from cropi.selection.base import (REGISTRY, NoOptions, Selection, SelectionInput
 from cropi.selection.controls import pass_rate_score, pass_rates
 
 SELECTORS = tuple(REGISTRY)
-# Chosen by issue 27's decision rule, fixed before its runs (docs/demo.md): the best of the selectors
-# against the informative control on lists and skills (benchmarks/results/demo/selectors/decision.json).
-DEFAULT_SELECTOR = "diverse"
-# A checked curriculum's second arm (cropi.pipeline.curriculum.check): where CROPI's rule loses (lists) it is the
-# best measured, 1.70x against informative's 0.94x (docs/demo.md, issue 32's design).
+# The primary: CROPI's rule has the highest expected gain measured (3.1x and 3.5x full-pool training on
+# the two held-out tasks of issue 32, mean 2.4x over the three tasks with figures against diverse's 1.7x), and
+# a checked curriculum (cropi.pipeline.curriculum.check, the default) removes its harm where it has any. A
+# ranking alone is not checked: its meta carries the concentration risk (cropi.scoring.diagnostics).
+DEFAULT_SELECTOR = "cropi"
+# A checked curriculum's second arm: where CROPI's rule loses (lists) it is the best measured, 1.70x against
+# informative's 0.94x (docs/demo.md, issue 32's design). Issue 27's decision had made it the default.
 FALLBACK_SELECTOR = "diverse"
 # Selectors computed beside the influence ranking (by the score step), the others from theta_0's trajectories.
 RANKING_SELECTORS = tuple(n for n, s in REGISTRY.items() if "ranking" in s.needs)

@@ -189,6 +189,10 @@ class Stage(BaseModel):
     n_prompts: int | None = None
     checkpoint: str | None = None
     subset_url: str | None = Field(default=None, description="GET this for the stage's verl parquet")
+    checks: dict | None = Field(default=None, description="the stage's checks of its own effect on the validation "
+                                "sets: each check's objective, SE, margin and action, the stage's case(s), or why "
+                                "it ran unchecked (cropi.pipeline.curriculum.state.check_summary)")
+    cost_s: dict | None = Field(default=None, description="the stage's seconds: scoring, checks, training")
 
 
 class Curriculum(BaseModel):

@@ -15,6 +15,7 @@ from pydantic import AfterValidator, Field, StringConstraints
 
 from cropi.generation.options import CollectOptions, EngineOptions
 from cropi.gradients.options import LossOptions
+from cropi.pipeline.curriculum.check import CheckOptions
 from cropi.pipeline.curriculum.config import CurriculumConfig
 from cropi.pipeline.requests import RefreshOptions, ScoreRequest
 from cropi.projection.spec import ProjectionSpec
@@ -64,6 +65,7 @@ Collect = caller_model(CollectOptions, Policy(
     nested={"engine": Engine}), name="Collect")
 
 Refresh = caller_model(RefreshOptions, Policy(), name="Refresh")
+Check = caller_model(CheckOptions, Policy(), name="Check")  # numbers, flags and a selector's name: all closed
 
 ScoringOptions = caller_model(ScoreRequest, Policy(
     refused={**dict.fromkeys(("name", "model", "pool", "validation", "trajectories", "projection"), SPLIT_SETTER),
@@ -93,7 +95,7 @@ CurriculumOptions = caller_model(CurriculumConfig, Policy(
              "trainer_options": "give them in `trainer` with its name: {\"name\": \"trl\", ...}"},
     vetted={"reward": REWARD, "device": DEVICE},
     tighter={"steps_per_stage": (Le(1_000_000),), "seed": SEED, "max_validation": (Le(100_000),)},
-    nested={"collect": Collect, "loss": Loss, "refresh": Refresh,
+    nested={"collect": Collect, "loss": Loss, "refresh": Refresh, "check": Check,
             "trainer": Annotated[Union[TrlTraining, VerlTraining], Field(discriminator="name")]}),
     name="CurriculumOptions")
 
@@ -102,5 +104,5 @@ CurriculumOptions = caller_model(CurriculumConfig, Policy(
 Stages = library_field(CurriculumConfig, "stages", Le(MAX_STAGES), name="stages")
 Fraction = library_field(CurriculumConfig, "select_fraction", name="fraction")
 
-__all__ = ["Collect", "CurriculumOptions", "Engine", "Fraction", "Loss", "Projection", "Refresh", "ScoringOptions",
+__all__ = ["Check", "Collect", "CurriculumOptions", "Engine", "Fraction", "Loss", "Projection", "Refresh", "ScoringOptions",
            "Stages", "TrlTraining", "VerlTraining"]

@@ -27,6 +27,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from cropi.pipeline.rank import SelectorName
 from cropi.selection import FALLBACK_SELECTOR
 
 _NORMAL = NormalDist()
@@ -44,7 +45,7 @@ class CheckOptions(BaseModel):
     power: float = Field(0.8, gt=0.5, lt=1, description="chance of detecting a fall of `resolve`")
     resolve: float = Field(0.1, gt=0, le=1, description="the fall of the validation pass rate the check must "
                                                         "detect: sizes its prompt sample")
-    fallback: str = Field(FALLBACK_SELECTOR, description="the second arm: the selector a stage falls back to")
+    fallback: SelectorName = Field(FALLBACK_SELECTOR, description="the second arm: the selector a stage falls back to")
     race: bool = Field(True, description="stage 0's first part trains both arms and keeps the better")
     widen: bool = Field(True, description="double the selected fraction when the subset saturates")
 
