@@ -121,6 +121,21 @@ def test_trl_next_stage_continues_the_run(stage0, base_model, subset, tmp_path):
     assert all(g["lr"] == FAST["lr"] for g in state["param_groups"])
 
 
+def test_trl_trains_on_from_an_earlier_checkpoint_of_its_run(stage0, base_model, subset, tmp_path):
+    """What a checked stage's restore is (cropi.pipeline.curriculum.parts): after a part went on from stage 0's
+    checkpoint, another part trains on from that same earlier checkpoint, its step count and AdamW state
+    taken from it, not from the part that went on."""
+    trainer = make_trainer("trl", **FAST)
+    assert trainer.runs_in_parts
+    parts = [trainer.train_stage(model=stage0.checkpoint, subset=subset, out_dir=str(tmp_path / name), steps=1,
+                                 seed=seed, stage=1, reward=DIGITS_REWARD) for name, seed in (("a", 1), ("b", 2))]
+    for part in parts:
+        assert part.global_step == 4 and read_marker(part.checkpoint).global_step == 4
+        state = torch.load(Path(read_marker(part.checkpoint).run_state) / "optimizer.pt", weights_only=True)
+        assert {float(s["step"]) for s in state["state"].values()} == {4.0}
+        assert read_marker(part.checkpoint).reference_model == str(base_model)
+
+
 def test_trl_fresh_optimizer_when_not_carried(stage0, subset, tmp_path):
     result = make_trainer("trl", **FAST, carry_optimizer=False).train_stage(
         model=stage0.checkpoint, subset=subset, out_dir=str(tmp_path / "s1"), steps=1, seed=0, stage=1,
@@ -458,3 +473,12 @@ def test_verl_reward_function_uses_the_named_reward():
 def test_marker_file_is_not_a_weight_file(stage0):
     assert (Path(stage0.checkpoint) / MARKER).suffix == ".json"
     assert os.path.getsize(Path(stage0.checkpoint) / MARKER) > 0
+
+
+def test_which_trainers_run_a_stage_in_parts():
+    """A checked stage needs training on from any checkpoint of the run: lean and trl can, verl's one run
+    continuing in one folder cannot (its stages run unchecked and the stage record says so)."""
+    from cropi.trainers import trainer_class
+
+    assert trainer_class("lean").runs_in_parts and trainer_class("trl").runs_in_parts
+    assert not trainer_class("verl").runs_in_parts
