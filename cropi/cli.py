@@ -227,13 +227,14 @@ def _job(a):
 
 def _demo_args(p):
     from cropi.demo.settings import METHODS, known_methods
+    from cropi.tasks.base import BUILTIN, DEFAULT_TASK
 
     p.add_argument("--quick", action="store_true", help="fewer prompts, stages, steps and seeds (a few minutes)")
     p.add_argument("--out", default="out/demo", help="output folder (rerun with the same folder to resume)")
     p.add_argument("--seeds", type=int, help="training seeds per method (default: 3, --quick: 2)")
     p.add_argument("--workers", type=int, help="worker processes (default 2: one per core)")
-    p.add_argument("--task", help="built-in task (lists, skills; default lists) or module:attribute naming a "
-                                  "cropi.tasks.Task (docs/demo.md)")
+    p.add_argument("--task", help=f"built-in task ({', '.join(BUILTIN)}; default {DEFAULT_TASK}) or "
+                                  "module:attribute naming a cropi.tasks.Task (docs/demo.md)")
     p.add_argument("--methods", help=f"comma-separated methods (default: {','.join(METHODS)}; "
                                      f"also {', '.join(m for m in known_methods() if m not in METHODS)})")
     p.add_argument("--warm-start", action="store_true", help="warm-start the model now from the task's recipe "
