@@ -5,6 +5,7 @@ downwards and without circles, and ``cropi serve`` is the service's entry point.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import tomllib
@@ -125,6 +126,22 @@ def test_every_library_import_runs_down_the_layers():
         ["cropi.gradients.engine -> cropi.trainers.shared_update"]
     found = upward(graph)
     assert not found, found
+
+
+def test_the_docs_list_the_librarys_layers_as_the_walk_checks_them():
+    """docs/architecture.md's layer table and the README's layout name every package at its layer."""
+    table: dict[int, set[str]] = {}
+    for row in (REPO / "docs" / "architecture.md").read_text().splitlines():
+        cells = row.split("|")
+        if len(cells) > 3 and cells[1].strip().isdigit():
+            names = {n.removeprefix("cropi.") for n in re.findall(r"`(cropi\.\w+)`", cells[2])}
+            names |= {n.removesuffix(".py") for n in re.findall(r"`(\w+\.py)`", cells[2])}
+            table.setdefault(int(cells[1]), set()).update(names)
+    assert table == dict(enumerate(map(set, LAYERS)))
+    readme = (REPO / "README.md").read_text()
+    line = " ".join(readme.split("\n- `cropi/` the library", 1)[1].split("\n- ", 1)[0].split())
+    layout = [set(re.findall(r"`(\w+)`", part)) for part in line.split(":", 1)[1].split(" < ")]
+    assert layout == list(map(set, LAYERS))
 
 
 @pytest.mark.parametrize("package", ["cropi_service", "cropi"])
