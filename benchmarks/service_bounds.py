@@ -25,6 +25,11 @@ starts the real server (``python -m cropi_service serve``, settings by CROPI_SER
    each count: every ranking's first page (loads), then ``--repeats`` pages of 1,000 at random offsets
    cycling the checkpoints in turn, one client. Goal: p99 at 50 within 3x of one checkpoint's, or the
    bytes budget that is exceeded named in the JSON.
+3. **Looping batches alone** (``--looping-batches``, issue 31): ``--batch-clients`` (60) clients sending
+   ``--batch``-id (10,000) Arrow batches back to back and reading them, with the ``/healthz`` probe and
+   no other load, for ``--duration`` s; with ``--baseline-code DIR`` the same again against a server run
+   from DIR (a checkout of an earlier commit). Goal: /healthz p99 < 50 ms. Recorded under
+   ``looping_batches`` in ``--json``, whose other keys are kept; nothing else runs.
 
 Writes benchmarks/results/service_bounds.json (``--json``).
 """
@@ -200,8 +205,9 @@ def _child(name: str, args: tuple, results) -> None:
 
 
 def attack(base: str, port: int, tokens: dict[str, str], cks: list[str], pool_ids: list[str], total: int,
-           a: argparse.Namespace, batch: int, stall_s: float, stalled: int, batch_clients: int) -> dict:
-    """Attackers and the /healthz probe each in a process of their own, the open loop in this one."""
+           a: argparse.Namespace, batch: int, stall_s: float, stalled: int, batch_clients: int,
+           load: bool = True) -> dict:
+    """Attackers and the /healthz probe each in a process of their own, the open loop (``load``) in this one."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
@@ -214,15 +220,24 @@ def attack(base: str, port: int, tokens: dict[str, str], cks: list[str], pool_id
     for p in procs:
         p.start()
     time.sleep(max(0.0, start + 1.0 - time.time()))  # the attackers' first batches are in before the load
-    load = asyncio.run(open_loop(base, tokens["good"], cks, pool_ids, total, a.clients, a.rate, a.duration))
+    if load:
+        load = asyncio.run(open_loop(base, tokens["good"], cks, pool_ids, total, a.clients, a.rate, a.duration))
+    else:  # the batch clients and the probe alone
+        time.sleep(max(0.0, stop - time.time()))
+        load = None
     out = {"load": load, "healthz": queues["probe"].get(timeout=600), **queues["attackers"].get(timeout=600)}
     for p in procs:
         p.join(60)
     return out
 
 
-def stalled_phase(a: argparse.Namespace, cache: Path, built: dict, spec: ProjectionSpec, env: dict) -> dict:
-    root = a.out / "root-stalled"
+def stalled_phase(a: argparse.Namespace, cache: Path, built: dict, spec: ProjectionSpec, env: dict,
+                  phases: tuple | None = None, label: str = "stalled", code: Path = REPO) -> dict:
+    """One server (run from ``code``), then each of ``phases`` against it in turn: (name, stalled readers,
+    batch clients, with the open loop). Default: the stalled readers, then the queued batches, each beside
+    the open loop."""
+    phases = phases or (("stalled_readers", a.stalled, 0, True), ("queued_batches", 0, a.batch_clients, True))
+    root = a.out / f"root-{label}"
     root.mkdir(parents=True)
     (root / "store").symlink_to(cache / "store")
     settings = ServiceSettings(root=root, **{k.removeprefix("CROPI_SERVICE_").lower(): v for k, v in env.items()})
@@ -232,10 +247,10 @@ def stalled_phase(a: argparse.Namespace, cache: Path, built: dict, spec: Project
     fits = int(settings.max_response_mb * 2**20) // record_bytes_bound(a.dim, "float16", True)
     batch = min(a.batch, fits, a.prompts)
     tokens = {k: secrets.token_hex(16) for k in ("good", "stalled", "batch")}
-    token_file = a.out / "tokens"
+    token_file = a.out / f"tokens-{label}"
     token_file.write_text("\n".join(tokens.values()) + "\n")
     port = free_port()
-    server = start_server(root, port, token_file, a.out / "server-stalled.log", env)
+    server = start_server(root, port, token_file, a.out / f"server-{label}.log", env, code=code)
     rss = RssSampler(server.pid)
     base = f"http://127.0.0.1:{port}"
     out: dict = {"batch_ids": batch, "batch_arrow_mb": round(batch * a.dim * 2 / 2**20, 1),
@@ -256,11 +271,11 @@ def stalled_phase(a: argparse.Namespace, cache: Path, built: dict, spec: Project
         out["rss_before_attack_mb"] = round(rss.samples[-1], 1) if rss.samples else None
         # the goal: stalled readers beside the usual load; then issue 26's W2, batch clients reading their
         # answers beside the same load; each with the /healthz probe
-        for name, stalled, batch_clients in (("stalled_readers", a.stalled, 0), ("queued_batches", 0, a.batch_clients)):
+        for name, stalled, batch_clients, load in phases:
             first = len(rss.samples)
             histogram = server_histogram(base, tokens["good"])
             phase = attack(base, port, tokens, cks, pool_ids, ranked, a, batch, settings.stall_timeout_s, stalled,
-                           batch_clients)
+                           batch_clients, load)
             samples = rss.samples[first:] or [0.0]
             phase["server_rss_max_mb"] = round(max(samples), 1)
             phase["server_side"] = server_side(histogram, server_histogram(base, tokens["good"]))
@@ -353,6 +368,46 @@ def cycle_phase(a: argparse.Namespace, cache: Path, built: dict, spec: Projectio
     return runs
 
 
+# 3. looping batches alone (issue 31, item 12)
+
+def looping_run(a: argparse.Namespace, cache: Path, built: dict, spec: ProjectionSpec, env: dict, label: str,
+                code: Path) -> dict:
+    """The batch clients and the /healthz probe alone against a server run from ``code``: the figures."""
+    run = stalled_phase(a, cache, built, spec, env, (("looping_batches", 0, a.batch_clients, False),), label, code)
+    phase = run["looping_batches"]
+    served = phase["batch_clients_statuses"].get("200", 0)
+    return {"healthz_p99_ms": phase["healthz"]["p99_ms"], "healthz": phase["healthz"],
+            "batches_served": served, "batches_per_s": round(served / a.duration, 2),
+            "batch_clients_statuses": phase["batch_clients_statuses"],
+            "server_rss_max_mb": phase["server_rss_max_mb"], "server_side": phase["server_side"],
+            "batch_ids": run["batch_ids"], "batch_arrow_mb": run["batch_arrow_mb"], "settings": run["settings"]}
+
+
+def looping_batches(a: argparse.Namespace, cache: Path, built: dict, spec: ProjectionSpec, env: dict,
+                    argv: list[str] | None, loadavg_at_start: list[float]) -> dict:
+    """``--looping-batches``: the server from this checkout, and from ``--baseline-code`` when given."""
+    from cmdline import command_line
+
+    out: dict = {"scenario": (f"{a.batch_clients} clients each sending {a.batch}-id Arrow gradient batches back "
+                              "to back and reading them, no other load; /healthz probed every 20 ms from a "
+                              "process of its own"),
+                 "command": command_line("benchmarks/service_bounds.py", argv),
+                 **({"note": a.note} if a.note else {}),
+                 "machine": platform.platform(), "cpus": os.cpu_count(), "nice": os.nice(0),
+                 "loadavg_at_start": loadavg_at_start,
+                 "loadavg_before_server": [round(x, 2) for x in os.getloadavg()],
+                 "prompts": a.prompts, "dim": a.dim, "dtype": "float16", "checkpoints": a.checkpoints,
+                 "duration_s": a.duration, "goal": "/healthz p99 < 50 ms"}
+    out |= looping_run(a, cache, built, spec, env, "looping", REPO)
+    out["goal_met"] = out["healthz_p99_ms"] < 50
+    if a.baseline_code is not None:
+        time.sleep(2.0)
+        base = looping_run(a, cache, built, spec, env, "looping-baseline", a.baseline_code.resolve())
+        out["baseline"] = {"code": a.baseline_label or str(a.baseline_code), **base}
+    out["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, type=Path, help="work folder (service roots, server logs)")
@@ -377,6 +432,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--note", default=None, help="a line kept in the JSON (how the machine was, why this scale)")
     p.add_argument("--server-env", action="append", default=[], metavar="CROPI_SERVICE_X=V",
                    help="a setting of the stalled-readers server (repeatable)")
+    p.add_argument("--looping-batches", action="store_true",
+                   help="only --batch-clients clients looping on --batch-id Arrow batches, with the /healthz probe "
+                        "and no other load, for --duration s; recorded under 'looping_batches' in --json, whose "
+                        "other keys are kept")
+    p.add_argument("--baseline-code", type=Path, default=None,
+                   help="with --looping-batches: the same scenario against a server run from this folder (a "
+                        "checkout of an earlier commit), recorded under 'baseline'")
+    p.add_argument("--baseline-label", default=None, help="what --baseline-code is (for example its commit)")
     a = p.parse_args(argv)
     a.budgets = a.budgets or ["sized:2560:1024"]
     if a.out.exists() and any(a.out.iterdir()):
@@ -391,6 +454,14 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     built = bench.build_store(cache, spec, a.prompts, a.validation_prompts, a.dim, a.checkpoints)
     report["store_build_s"] = round(time.perf_counter() - t, 1)
+    if a.looping_batches:
+        env = dict(kv.split("=", 1) for kv in a.server_env)
+        figures = looping_batches(a, cache, built, spec, env, argv, report["loadavg_at_start"])
+        kept = json.loads(a.json.read_text()) if a.json.exists() else {}
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({**kept, "looping_batches": figures}, indent=2) + "\n")
+        print(json.dumps(figures, indent=2))
+        return 0
     if "stalled" not in a.skip:
         env = dict(kv.split("=", 1) for kv in a.server_env)
         report["stalled"] = stalled_phase(a, cache, built, spec, env)

@@ -144,7 +144,7 @@ def read_ranking(svc: Service, checkpoint_id: str, offset: int, limit: int, vali
 
 
 def read_gradient(svc: Service, checkpoint_id: str, prompt_id: str, split: str | None, accept: str | None,
-                  peek: bool = False) -> tuple[bytes, str]:
+                  peek: bool = False) -> tuple[bytes | memoryview, str]:
     return svc.gradients(checkpoint_id, [prompt_id], split, wants_arrow(accept), peek)
 
 

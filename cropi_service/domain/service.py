@@ -315,8 +315,9 @@ class Service:
         return row, self._cached(self.gradient_views, key, token, load, peek)
 
     def gradients(self, checkpoint_id: str, prompt_ids: list[str], split: str | None, arrow: bool,
-                  peek: bool = False) -> tuple[bytes, str]:
-        """A ``GradientBatch`` of ``prompt_ids`` as JSON bytes, or an Arrow IPC stream; and its media type.
+                  peek: bool = False) -> tuple[bytes | memoryview, str]:
+        """A ``GradientBatch`` of ``prompt_ids`` as JSON bytes, or an Arrow IPC stream (a view of Arrow's
+        buffer, not copied); and its media type.
 
         Refused (413) when it could exceed ``max_response_mb``. With ``peek``, NotLoaded unless every record
         batch needed is in memory. Batches from callers go through ``gradients_batch``, which takes a
@@ -326,7 +327,7 @@ class Service:
         return self._render(row, view, prompt_ids, split, arrow, peek)
 
     def _render(self, row: CheckpointRow, view: GradientView, prompt_ids: list[str], split: str | None, arrow: bool,
-                peek: bool = False) -> tuple[bytes, str]:
+                peek: bool = False) -> tuple[bytes | memoryview, str]:
         rows = view.rows(prompt_ids)
         if arrow:
             return view.arrow_stream(rows, peek), ARROW_STREAM
@@ -338,7 +339,7 @@ class Service:
                          view.records_json(rows, peek), b"}")), "application/json"
 
     async def gradients_batch(self, checkpoint_id: str, prompt_ids: list[str], split: str | None, arrow: bool,
-                              caller: str) -> tuple[bytes, str, Reservation]:
+                              caller: str) -> tuple[bytes | memoryview, str, Reservation]:
         """``gradients`` for a caller's batch, served ``heavy_requests`` at a time.
 
         The turn is waited for in the event loop (at most ``heavy_wait_s``, then 429; past ``heavy_queue``
