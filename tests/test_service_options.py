@@ -64,7 +64,11 @@ def test_a_caller_names_a_selector_of_the_librarys_registry():
     from cropi.selection import DEFAULT_SELECTOR, SELECTORS
 
     assert caller.ScoringOptions.model_validate({}).model_dump(exclude_none=True).get("selector",
-                                                                                      DEFAULT_SELECTOR) == "diverse"
+                                                                                      DEFAULT_SELECTOR) == "cropi"
+    check = caller.CurriculumOptions.model_validate({"check": {"parts": 2, "fallback": "informative"}}).check
+    assert (check.parts, check.fallback) == (2, "informative")  # the check's options are closed: a caller's
+    with pytest.raises(ValidationError, match="fallback"):
+        caller.CurriculumOptions.model_validate({"check": {"fallback": "nope"}})
     assert caller.CurriculumOptions.model_validate({"selector": "informative"}).selector == "informative"
     assert caller.CurriculumOptions.model_validate({"method": "cropi"}).selector == "cropi"  # the old name
     with pytest.raises(ValidationError) as e:
