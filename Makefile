@@ -49,11 +49,13 @@ test: venv venv-verl
 	$(VERLENV)/bin/python -m pytest -q tests/test_verl.py
 	CROPI_GOLDEN_CAPABILITIES="$(strip $(GOLDEN_CAPS))" CROPI_GOLDEN_CORETYPES="$(strip $(GOLDEN_CORES))" $(VENV)/bin/python -m pytest -q --ignore=tests/test_verl.py
 
-# On a CUDA machine, with cropi[vllm] (GPU build) installed in GPU_PY: the issue-11 GPU figures
-# and the `-m gpu` tests, as JSON under benchmarks/results/gpu/ (VERL_PY adds tests/test_verl.py).
-GPU_PY ?= python
+# On a CUDA machine as it is (no network; ../shared/GPU.md): the `-m gpu` tests and the scoring path's
+# bfloat16 figures at the Qwen2.5-1.5B and 7B shapes, as JSON under benchmarks/results/gpu/, with GPU_PY's
+# own packages and the wheels in .whl/ (benchmarks/gpu/check.sh; under 8 minutes; vLLM and verl skipped,
+# the reason recorded). Where cropi[vllm] is installed with a network: benchmarks/gpu/run_all.sh.
+GPU_PY ?= python3
 gpu-checks:
-	PY=$(GPU_PY) bash benchmarks/gpu/run_all.sh
+	PY=$(GPU_PY) bash benchmarks/gpu/check.sh
 
 clean:
 	rm -rf $(VENV) $(VERLENV) $(OUT)

@@ -28,7 +28,16 @@ hook path (tests/test_batched_sketch.py). ``batched_goal`` says, per batched cel
 reaches precision@10% >= 0.95 at >= 100x; ``exact_boundary`` lists the exact cosines around the
 top-10% cut (near-ties there cost precision whatever the projection).
 
+``--model-dtype bfloat16`` measures instead what users' GPUs score with: the default spec (cropi's
+``DEFAULT_SPEC``, at its 3 projection seeds) computed the way the gradients job computes it (the batched
+computer's hook path, ``make_computer``) with the model itself in bfloat16 (and, side by side in the same
+run, in float32), against exact influence from full gradients of the model in float64 (gradients rounded
+to float32 once, when stored; cosines in float64). Same model, trajectories and precision@10% as above;
+``goal``: every seed >= 0.95 at >= 100x. Writes DIR/fidelity_<dtype>.json (keys ``dtype``,
+``compression``, ``precision_at_10_by_seed``), which cropi.projection.fidelity reads.
+
     python benchmarks/fidelity.py [--quick] [--cells factored,tensorsketch] --out DIR   ->  DIR/fidelity.json, DIR/fidelity.png
+    python benchmarks/fidelity.py --model-dtype bfloat16 --out DIR                   ->  DIR/fidelity_bfloat16.json
 """
 
 from __future__ import annotations
@@ -47,8 +56,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import collect_trajectories, environment, load_model, warm_model, write_json  # noqa: E402
 
 from cropi.demo.assets import RECIPE, shipped_model, task_splits  # noqa: E402
-from cropi.gradients import GradientComputer  # noqa: E402
+from cropi.gradients import GradientComputer, LossOptions, make_computer  # noqa: E402
+from cropi.models.loading import load_causal_lm  # noqa: E402
 from cropi.projection import ProjectionSpec, make_projector  # noqa: E402
+from cropi.projection.spec import DEFAULT_SPEC  # noqa: E402
 
 MODEL_NAME = "fidelity-10m"
 # The demo model's family, wider and deeper: 10.7M parameters.
@@ -233,6 +244,94 @@ def run(quick: bool, out: Path, workdir: Path, only: str | None = None) -> dict:
     return report
 
 
+def run_dtype(model_dtype: str, quick: bool, out: Path, workdir: Path, attention: str = "sdpa",
+              pool_n: int | None = None, val_n: int | None = None) -> dict:
+    """The default spec scored with the model in ``model_dtype`` (and in float32 beside it) against exact
+    float64 influence (module docstring). ``pool_n`` / ``val_n`` shrink the sets (a smoke run only: the
+    goal needs the full pool, whose top 10% is 36 prompts, one miss 0.028)."""
+    torch.set_num_threads(1)
+    cfg = QUICK if quick else FULL
+    t0 = time.perf_counter()
+    model_path = str(shipped_model()) if quick else warm_model(workdir, MODEL_NAME, MODEL_DIMS, warm_config())
+    t_model = time.perf_counter() - t0
+    splits = task_splits()
+    pool_n, val_n = pool_n or cfg["pool"], val_n or cfg["val"]
+    pool = collect_trajectories(model_path, splits["pool"][:pool_n], samples=8, temperature=0.5, seed=1)
+    val = collect_trajectories(model_path, splits["val_count"][:val_n] + splits["val_maxd"][:val_n], samples=8,
+                               temperature=0.5, seed=2)
+    t_collect = time.perf_counter() - t0 - t_model
+
+    # exact: full gradients of the model in float64 (sdpa: eager attention turns float64 padding rows into NaN)
+    exact_model = load_causal_lm(model_path, dtype=torch.float64, attn_implementation="sdpa")
+    shapes = {n: tuple(p.shape) for n, p in exact_model.named_parameters()}
+    n_params = sum(p.numel() for p in exact_model.parameters())
+    identity = make_projector(ProjectionSpec(kind="identity", kept_fraction=1.0, identity_limit=2**26), shapes)
+    computer = GradientComputer(exact_model, identity)
+    val_sum, val_ok = np.zeros(identity.out_dim), 0
+    for results, g in full_gradients(computer, val, "validation gradients (float64)"):
+        ok = torch.tensor([r.status == "ok" for r in results])
+        val_sum += g[ok].double().sum(0).numpy()
+        val_ok += int(ok.sum())
+    v_exact = val_sum / max(val_ok, 1)
+    exact, statuses = [], []
+    for results, g in full_gradients(computer, pool, "pool gradients (float64)"):
+        statuses += [r.status for r in results]
+        exact.append(cosines(g.double().numpy(), v_exact))
+    ok = np.array(statuses) == "ok"
+    exact = np.concatenate(exact)[ok]
+    del exact_model, computer
+    t_exact = time.perf_counter() - t0 - t_model - t_collect
+
+    sides, seconds = {}, {}
+    for dtype in dict.fromkeys((model_dtype, "float32")):
+        model = load_causal_lm(model_path, dtype=dtype, attn_implementation=attention)
+        started = time.perf_counter()
+        per_seed = {}
+        for seed in SEEDS:
+            spec = DEFAULT_SPEC.model_copy(update={"seed": seed})
+            comp = make_computer(model, make_projector(spec, shapes), LossOptions())
+            scored = {name: [r for i in range(0, len(trajs), comp.prompts_per_call)
+                             for r in comp.compute_many(trajs[i:i + comp.prompts_per_call])]
+                      for name, trajs in (("val", val), ("pool", pool))}
+            v = np.stack([r.vector for r in scored["val"] if r.status == "ok"]).astype(np.float64).mean(0)
+            approx = cosines(np.stack([r.vector for r in scored["pool"]]).astype(np.float64), v)[ok]
+            per_seed[str(seed)] = {"precision_at_10": precision_at(exact, approx),
+                                   "spearman": float(spearmanr(exact, approx).statistic),
+                                   "statuses_agree": [r.status for r in scored["pool"]] == statuses}
+            print(f"  {dtype} seed {seed}: precision@10% {per_seed[str(seed)]['precision_at_10']:.3f}", flush=True)
+        seconds[dtype] = time.perf_counter() - started
+        prec = [v["precision_at_10"] for v in per_seed.values()]
+        sides[dtype] = {"precision_at_10_by_seed": {s: v["precision_at_10"] for s, v in per_seed.items()},
+                        "precision_at_10": float(np.mean(prec)), "seeds": per_seed,
+                        "met": bool(min(prec) >= 0.95)}
+        del model
+    projector = make_projector(DEFAULT_SPEC, shapes)
+    compression = projector.n_kept / projector.out_dim
+    main = sides[model_dtype]
+    report = {"dtype": model_dtype, "attention": attention, "device": "cpu",
+              "exact": "full POPI gradients of the model in float64 (rounded to float32 when stored), cosines in "
+                       "float64, with the mean validation gradient",
+              "scored_with": "the batched computer's hook path (make_computer, as the gradients job), the model in "
+                             "this dtype",
+              "spec": DEFAULT_SPEC.model_dump() | {"spec_id": DEFAULT_SPEC.spec_id},
+              "cell": f"{DEFAULT_SPEC.kind}/k={DEFAULT_SPEC.dim}", "seeds": list(SEEDS),
+              "compression": compression, "compression_of_all_parameters": n_params / projector.out_dim,
+              "precision_at_10_by_seed": main["precision_at_10_by_seed"],
+              "precision_at_10": main["precision_at_10"],
+              "goal": {"precision_at_10_each_seed_at_least": 0.95, "compression_at_least": 100,
+                       "met": bool(main["met"] and compression >= 100)},
+              "by_dtype": sides,
+              "quick": quick, "model": "demo shipped model" if quick else MODEL_NAME, "model_parameters": n_params,
+              "pool_prompts": len(pool), "informative_prompts": int(ok.sum()),
+              "top10_size": max(1, int(round(0.1 * ok.sum()))), "validation_prompts": len(val),
+              "informative_validation_prompts": val_ok,
+              "seconds": {"model": t_model, "collect": t_collect, "exact_float64": t_exact,
+                          **{f"scored_{k}": v for k, v in seconds.items()}, "total": time.perf_counter() - t0},
+              "environment": environment()}
+    write_json(out, f"fidelity_{model_dtype}.json", report)
+    return report
+
+
 def block_structure(row: torch.Tensor, shapes: dict) -> dict:
     """How concentrated one gradient is: the largest 2-d block's share of the squared norm, and within
     that block the share of its top 20 rows and of its top singular value (why a Kronecker sketch,
@@ -311,7 +410,19 @@ def main(argv=None) -> None:
     ap.add_argument("--workdir", type=Path, default=None, help="where the model is built and cached (default: OUT/work)")
     ap.add_argument("--cells", default=None, help="run only the cells whose name starts with one of these "
                     "comma-separated prefixes (e.g. factored,tensorsketch)")
+    ap.add_argument("--model-dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                    help="score the default spec with the model in this dtype (through the batched computer, with "
+                    "float32 beside it) against exact float64 influence; writes OUT/fidelity_<dtype>.json")
+    ap.add_argument("--attention", default="sdpa", help="--model-dtype: the scored model's attention (default: sdpa)")
+    ap.add_argument("--pool", type=int, default=None, help="--model-dtype: pool prompts (a smoke run; default: all)")
+    ap.add_argument("--val", type=int, default=None, help="--model-dtype: prompts per validation set (smoke run)")
     a = ap.parse_args(argv)
+    if a.model_dtype:
+        r = run_dtype(a.model_dtype, a.quick, a.out, a.workdir or a.out / "work", a.attention, a.pool, a.val)
+        print(f"{a.model_dtype}: precision@10% by seed {r['precision_at_10_by_seed']} at {r['compression']:.0f}x "
+              f"(float32 side by side: {r['by_dtype'].get('float32', {}).get('precision_at_10_by_seed')}); goal met: "
+              f"{r['goal']['met']}; wrote {a.out / f'fidelity_{a.model_dtype}.json'}")
+        return
     report = run(a.quick, a.out, a.workdir or a.out / "work", a.cells)
     print(f"precision@10% (default spec {DEFAULT.spec_id}, {len(SEEDS)} seeds): {report['precision_at_10']:.3f} "
           f"+- {report['precision_at_10_std']:.3f}, compression {report['compression']:.1f}x, "

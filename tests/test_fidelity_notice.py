@@ -82,3 +82,27 @@ def test_scoring_defaults_to_the_measured_spec_and_each_ranking_records_it(tmp_p
     assert meta["spec_id"] == DEFAULT_SPEC.spec_id
     assert ProjectionSpec(**meta["projection"]) == DEFAULT_SPEC
     assert meta["fidelity"] == measured(DEFAULT_SPEC) and meta["fidelity"]["cell"] == "tensorsketch/k=4096"
+
+
+def test_each_dtype_measurement_agrees_with_the_result_it_cites_and_names_its_device():
+    """A bfloat16 measurement (benchmarks/fidelity.py --model-dtype bfloat16) counts for its spec in that
+    dtype only; float32 entries say they were measured on CPU in float32."""
+    from cropi.projection.fidelity import DTYPE_MEASURED, DTYPE_RESULTS
+
+    for entry in MEASURED.values():
+        assert entry["device"] == "cpu" and entry["model_dtype"] == "float32"
+    for dtype, path in DTYPE_RESULTS.items():
+        file = ROOT / path
+        if not file.is_file():
+            assert not any(d == dtype for _, d in DTYPE_MEASURED)
+            assert notice(ProjectionSpec(), dtype) and BENCHMARK in notice(ProjectionSpec(), dtype)
+            continue
+        doc = json.loads(file.read_text())
+        spec = ProjectionSpec(**{k: v for k, v in doc["spec"].items() if k != "spec_id"})
+        found = measured(spec, dtype)
+        assert found == {"result": path, "cell": doc["cell"], "device": doc["device"], "model_dtype": dtype,
+                         "met": doc["goal"]["met"]}
+        assert doc["dtype"] == dtype and set(doc["precision_at_10_by_seed"]) == {"0", "1", "2"}
+        assert doc["goal"]["met"] == (min(doc["precision_at_10_by_seed"].values()) >= 0.95
+                                      and doc["compression"] >= 100)
+        assert notice(spec, dtype) is None and notice(spec.model_copy(update={"seed": 5}), dtype) is None

@@ -11,7 +11,13 @@ computer, kind tensorsketch at dim ``SKETCH_DIM``: issue 25's batched kind with 
 and < 0.5 s a prompt on one H100 (CROPI reports about 1.45 s a prompt); issue 17, factored
 <= 0.75x plain and >= 1.5x faster than sjlt.
 
-    python benchmarks/gpu/throughput.py [--prompts 24] [--token-budget 16384] --out benchmarks/results/gpu
+The model's dtype and attention come from ``--model-dtype`` / ``--attention`` (cropi.gradients.options.
+ModelOptions; 'auto', the default, is what the gradients job runs on the device: bfloat16 and sdpa on
+CUDA, float32 and eager on CPU); ``--model-dtype float32 --attention eager`` is issue 11's setting. A
+``default`` side scores with the spec ``default_spec`` gives the device. The results file is named by
+dtype and attention unless they are float32 / eager (throughput.json, as before).
+
+    python benchmarks/gpu/throughput.py [--prompts 24] [--token-budget 16384] [--model-dtype auto] --out benchmarks/results/gpu
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import environment, write_json  # noqa: E402
 
 from cropi.gradients import GradientComputer, LossOptions, make_computer  # noqa: E402
+from cropi.gradients.options import ModelOptions  # noqa: E402
 from cropi.gradients.batching import build_micro_batch, plan_micro_batches  # noqa: E402
 from cropi.projection import ProjectionSpec, make_projector  # noqa: E402
+from cropi.projection.spec import default_spec  # noqa: E402
 from cropi.store import PromptTrajectories  # noqa: E402
 
 # Qwen2.5-1.5B's architecture (its config.json), random weights.
@@ -48,13 +56,16 @@ SMOKE = dict(QWEN25_15B, hidden_size=64, intermediate_size=128, num_hidden_layer
              num_key_value_heads=2, vocab_size=1024)
 
 
-def build_model(device: torch.device, shape: dict):
+def build_model(device: torch.device, shape: dict, dtype: str = "float32", attention: str = "eager"):
+    """Random weights, built on ``device`` itself, in the dtype and attention the gradients job would load
+    (``ModelOptions.resolve``)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(0)
-    # float32 and eager attention: what cropi's gradients job loads (cropi.models.loading).
-    config = Qwen2Config(**shape, attn_implementation="eager")
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device).eval()
+    config = Qwen2Config(**shape, attn_implementation=attention)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    return model.to(device).eval()
 
 
 def trajectories(n: int, vocab: int, seed: int = 0) -> list[PromptTrajectories]:
@@ -72,6 +83,9 @@ def trajectories(n: int, vocab: int, seed: int = 0) -> list[PromptTrajectories]:
     return out
 
 
+_build = build_model
+
+
 def plain_fwd_bwd(model, traj, budget: int, pad_id: int) -> None:
     """Forward and backward over the prompt's micro-batches with a trivial loss (the floor)."""
     device = next(model.parameters()).device
@@ -86,11 +100,17 @@ def plain_fwd_bwd(model, traj, budget: int, pad_id: int) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def run(n_prompts: int, out: Path, smoke: bool = False, token_budget: int | None = None) -> dict:
+def run(n_prompts: int, out: Path, smoke: bool = False, token_budget: int | None = None,
+        options: ModelOptions = ModelOptions()) -> dict:
     if not smoke and not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu/throughput.py needs a CUDA device (--smoke checks it on CPU)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype, attention = options.resolve(str(device))
     shape = SMOKE if smoke else QWEN25_15B
+
+    def build_model(device, shape):  # every side's copy in the same dtype and attention
+        return _build(device, shape, dtype, attention)
+
     model = build_model(device, shape)
     spec = ProjectionSpec(kind="sjlt", dim=32768, kept_fraction=KEPT_FRACTION)  # the sjlt side, as measured
     shapes = {k: tuple(p.shape) for k, p in model.named_parameters()}
@@ -114,11 +134,17 @@ def run(n_prompts: int, out: Path, smoke: bool = False, token_budget: int | None
     tprojector = make_projector(tspec, shapes, device=device)
     sketch = make_computer(tmodel, tprojector, LossOptions(token_budget=budget))
     sketch.compute_many(trajs[:1])
+    # the default side: the spec the gradients job uses on this device, on the tensorsketch side's model copy
+    dspec = default_spec(str(device))
+    dprojector = make_projector(dspec, shapes, device=device)
+    default = make_computer(tmodel, dprojector, LossOptions(token_budget=budget))
+    default.compute_many(trajs[:1])
     plain_fwd_bwd(model, trajs[0], computer.options.token_budget, computer.pad_id)
     fns = {"plain": lambda c: [plain_fwd_bwd(model, t, computer.options.token_budget, computer.pad_id) for t in c],
            "sjlt": lambda c: [computer.compute(t) for t in c],
            "factored": lambda c: factored.compute_many(c),
-           "tensorsketch": lambda c: sketch.compute_many(c)}
+           "tensorsketch": lambda c: sketch.compute_many(c),
+           "default": lambda c: default.compute_many(c)}
     seconds = {k: 0.0 for k in fns}
     for r, start in enumerate(range(1, len(trajs), CHUNK)):
         chunk, names = trajs[start:start + CHUNK], list(fns)
@@ -131,7 +157,11 @@ def run(n_prompts: int, out: Path, smoke: bool = False, token_budget: int | None
     per = {k: v / n_prompts for k, v in seconds.items()}
     ratio = per["sjlt"] / per["plain"]
     f_plain, s_f = per["factored"] / per["plain"], per["sjlt"] / per["factored"]
-    report = {"model": "Qwen2.5-1.5B shape, random init, float32, eager attention", "smoke": smoke,
+    report = {"model": f"Qwen2.5-1.5B shape, random init, {dtype}, {attention} attention", "smoke": smoke,
+              "card": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+              "dtype": dtype, "attention": attention,
+              "default_spec": dspec.model_dump() | {"spec_id": dspec.spec_id},
+              "default_over_plain": per["default"] / per["plain"],
               "model_parameters": sum(p.numel() for p in model.parameters()), "prompts": n_prompts,
               "responses_per_prompt": RESPONSES, "response_tokens": RESPONSE_TOKENS, "prompt_tokens": PROMPT_TOKENS,
               "spec": spec.model_dump(), "n_kept": projector.n_kept,
@@ -140,7 +170,8 @@ def run(n_prompts: int, out: Path, smoke: bool = False, token_budget: int | None
               "tensorsketch_spec": tspec.model_dump() | {"spec_id": tspec.spec_id, "out_dim": tprojector.out_dim},
               "tensorsketch_over_plain": per["tensorsketch"] / per["plain"],
               "seconds_per_prompt": {"gradient_plus_projection": per["sjlt"], "plain_forward_backward": per["plain"],
-                                     "factored_batched": per["factored"], "tensorsketch_batched": per["tensorsketch"]},
+                                     "factored_batched": per["factored"], "tensorsketch_batched": per["tensorsketch"],
+                                     "default_batched": per["default"]},
               "ratio_to_fwd_bwd": ratio, "factored_over_plain": f_plain, "sjlt_over_factored": s_f,
               "projection_plan_seconds_once": plan_seconds,
               "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
@@ -150,7 +181,8 @@ def run(n_prompts: int, out: Path, smoke: bool = False, token_budget: int | None
                        "sjlt_over_factored_at_least": GOAL_SJLT_OVER_FACTORED,
                        "factored_met": f_plain <= GOAL_FACTORED_OVER_PLAIN and s_f >= GOAL_SJLT_OVER_FACTORED},
               "environment": environment()}
-    write_json(out, "throughput_smoke.json" if smoke else "throughput.json", report)
+    tag = "" if (dtype, attention) == ("float32", "eager") else f"_{dtype}_{attention}"
+    write_json(out, f"throughput{tag}_smoke.json" if smoke else f"throughput{tag}.json", report)
     return report
 
 
@@ -165,8 +197,12 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu"))
     ap.add_argument("--smoke", action="store_true", help="a 2-layer model on CPU: checks the script only")
     ap.add_argument("--token-budget", type=int, default=None, help="factored side: padded tokens a micro-batch")
+    ap.add_argument("--model-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                    help="the model's dtype ('auto': bfloat16 on CUDA, float32 on CPU)")
+    ap.add_argument("--attention", default="auto", choices=["auto", "eager", "sdpa"],
+                    help="attention implementation ('auto': sdpa on CUDA, eager on CPU)")
     a = ap.parse_args(argv)
-    r = run(a.prompts, a.out, a.smoke, a.token_budget)
+    r = run(a.prompts, a.out, a.smoke, a.token_budget, ModelOptions(model_dtype=a.model_dtype, attention=a.attention))
     s = r["seconds_per_prompt"]
     print(f"ratio_to_fwd_bwd {r['ratio_to_fwd_bwd']:.3f} ({s['gradient_plus_projection']:.3f} s vs "
           f"{s['plain_forward_backward']:.3f} s a prompt); factored {s['factored_batched']:.3f} s "

@@ -21,6 +21,11 @@ per-prompt path: p_theta and std_theta need no weights, their ESS is absent
 (``cropi.gradients.groups.unweighted_diagnostics``). ``raw_norm`` is the norm of the projected
 vector, an unbiased estimate of the full gradient's squared norm (the full gradient itself is
 never formed).
+
+On CUDA the rows of one prompt sit next to each other in their micro-batch (one slice for the
+sketch's grouped products), the groups go to the hooks as host values (no device read-back per
+layer), and a micro-batch the device has no memory for is run again in halves (``_fitting``): a
+token budget too large for the card costs a retry, not the job.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from cropi.gradients.popi import group_advantages, popi_response_terms, sequence
 from cropi.store.types import GradientRecord
 
 PROMPTS_PER_CALL = 64  # what the gradients job hands compute_many at once (rows are re-packed inside)
+_OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 @dataclass
@@ -106,11 +112,36 @@ class BatchedComputer:
         rows = [(i, k) for i in alone for k in range(len(prompts[i].responses))]
         lengths = [len(prompts[i].prompt) + len(prompts[i].responses[k]) for i, k in rows]
         for group in plan_micro_batches(lengths, budget):
-            self._micro_batch(prompts, [rows[j] for j in group], out)
+            batch = [rows[j] for j in group]
+            if self.device.type == "cuda":  # a prompt's rows adjacent: the cuda engine takes them as one slice
+                batch.sort(key=lambda row: row[0])
+            self._fitting(self._micro_batch, prompts, batch, out)
         widths = [len(prompts[i].prompt) + sum(map(len, prompts[i].responses)) for i in packed]
         for group in plan_micro_batches(widths, budget):
-            self._packed_batch(prompts, [packed[j] for j in group], out)
+            self._fitting(self._packed_batch, prompts, [packed[j] for j in group], out)
         return out
+
+    def _fitting(self, run, prompts, items: list, out: torch.Tensor) -> None:
+        """``run(prompts, items, out)``, one micro-batch; where the device runs out of memory for it, the same
+        items in two halves (each prompt's vector is the sum of its rows' shares, whichever pass they fall
+        in, and a pass that fails adds nothing to ``out``), down to one item, which is refused naming the
+        options to lower: the job stops cleanly between prompts and resumes from its committed shards."""
+        try:
+            run(prompts, items, out)
+            return
+        except _OUT_OF_MEMORY:
+            if len(items) < 2:
+                what = "row" if run == self._micro_batch else "packed prompt"
+                raise InvalidInputError(
+                    f"the device ran out of memory on a single {what} (token budget {self.options.token_budget}): "
+                    "lower --max-length (loss.max_length) to truncate long responses, or run the model in "
+                    "bfloat16 (--model-dtype bfloat16)") from None
+        # out of the except clause: the failed pass's tensors (held by its traceback) are freed by now
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        half = len(items) // 2
+        self._fitting(run, prompts, items[:half], out)
+        self._fitting(run, prompts, items[half:], out)
 
     def _packs(self, p: _Prompt) -> bool:
         """Whether prompt ``p``'s responses go in one packed row (cropi.gradients.packing.should_pack)."""
@@ -121,9 +152,10 @@ class BatchedComputer:
         """Rows ``(prompt, response)`` each its own left-padded row; a prompt's rows summed by the hooks."""
         mb = build_rows([(prompts[i].prompt, prompts[i].responses[k], prompts[i].behavior[k]) for i, k in rows],
                         list(range(len(rows))), self.pad_id)
-        # one group per prompt in this micro-batch: cap.rows holds each prompt's sum (a kind may sum before projecting)
+        # one group per prompt in this micro-batch: cap.rows holds each prompt's sum (a kind may sum before projecting);
+        # a host list: the hooks know every group's rows without reading anything back from the device
         local = {i: j for j, i in enumerate(dict.fromkeys(i for i, _ in rows))}
-        groups = torch.tensor([local[i] for i, _ in rows], device=self.device)
+        groups = [local[i] for i, _ in rows]
         self._pass(prompts, rows, mb, mb.attention_mask, groups, list(local), out,
                    lambda: token_logprobs(self.model, mb, self.device))
 
@@ -141,16 +173,17 @@ class BatchedComputer:
         beh, mask = batch.behavior_logp.to(self.device), batch.response_mask.to(self.device)
         with self.hooks.capture(token_mask.to(self.device), groups) as cap:
             logp = logprobs()
-            self._keep_log_w(prompts, rows, logp.detach(), beh, mask)
+            log_w = sequence_log_weights(logp.detach(), beh, mask)  # read back after the backward is queued
             adv = torch.stack([prompts[i].adv[k] for i, k in rows]).to(self.device)
             terms = popi_response_terms(logp, beh, mask, adv, self.options.clip_eps)
             k = torch.tensor([len(prompts[i].responses) for i, _ in rows], dtype=terms.dtype, device=self.device)
             cap.backward(-(terms / k).sum())
         out.index_add_(0, torch.tensor(owners, device=self.device), cap.rows.to(out.dtype))
+        self._keep_log_w(prompts, rows, log_w)
 
     @staticmethod
-    def _keep_log_w(prompts, rows, logp, beh, mask) -> None:
-        log_w = sequence_log_weights(logp, beh, mask).cpu()
+    def _keep_log_w(prompts, rows, log_w: torch.Tensor) -> None:
+        log_w = log_w.cpu()  # the pass's one read-back, once its work is queued
         for j, (i, k) in enumerate(rows):
             prompts[i].log_w[k] = log_w[j]
 

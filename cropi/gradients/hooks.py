@@ -24,6 +24,13 @@ layer; its block is the sum of both uses, as its gradient is). Inside ``with hoo
 Rows share no tokens, so the gradient of the summed loss at a row's token is that of the
 row's own loss term: ``cap.rows[b]`` is exactly the factored projection of the gradient of
 row b's term (METHOD.md, "Factored projection").
+
+Dtypes: what a layer's forward keeps and the ``delta`` its backward hands over stay in the model's
+dtype (bfloat16 models keep bfloat16 factors: half the memory a pass holds, and the tensor cores'
+inputs); ``cap.rows`` and every sum into it are float32 (float64 for a float64 model), and each
+projector accumulates its products in float32 or wider. For a float32 or float64 model nothing is
+converted, as before. Nothing here reads a value back from the device (``RowGroups`` carries the
+groups' sizes from the host), so on CUDA a whole pass is queued without a host synchronisation.
 """
 
 from __future__ import annotations
@@ -34,19 +41,21 @@ from typing import Iterator
 import torch
 
 from cropi.errors import InvalidInputError
+from cropi.projection.layers import RowGroups, as_groups
 
 
 class Capture:
     """What one forward/backward under ``FactoredHooks.capture`` collects."""
 
     def __init__(self, n_rows: int, projector, mask: torch.Tensor, dtype: torch.dtype,
-                 groups: torch.Tensor | None = None):
+                 groups: RowGroups | torch.Tensor | None = None):
         self.projector = projector
         # groups: row -> the sum it belongs to (a prompt's rows); rows then holds one sum per group
-        self.groups = None if groups is None else groups.to(mask.device)
-        n_out = n_rows if groups is None else int(groups.max()) + 1
+        self.groups = as_groups(groups)
+        n_out = n_rows if self.groups is None else self.groups.n
         self.rows = torch.zeros(n_out, projector.out_dim, dtype=dtype, device=mask.device)
         self.mask = mask.to(dtype)[..., None]
+        self._masks = {dtype: self.mask}  # the mask in each factor dtype (0/1: exact in any)
         self.inputs: dict[str, torch.Tensor] = {}
         self.anchor: torch.Tensor | None = None
         self.tokens: torch.Tensor | None = None
@@ -67,8 +76,11 @@ class Capture:
             self.add(*self.projector.embedding_block(name, self.tokens, g.to(self.rows.dtype), self.mask, self.groups))
 
     def masked(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` (rows, tokens, k) zeroed on padding; an output layer sees only the last positions."""
-        return x * self.mask[:, self.mask.shape[1] - x.shape[1]:]
+        """``x`` (rows, tokens, k) zeroed on padding, in ``x``'s dtype; an output layer sees only the last positions."""
+        mask = self._masks.get(x.dtype)
+        if mask is None:
+            mask = self._masks[x.dtype] = self.mask.to(x.dtype)
+        return x * mask[:, mask.shape[1] - x.shape[1]:]
 
 
 class FactoredHooks:
@@ -96,12 +108,15 @@ class FactoredHooks:
                         "nn.Linear weights and the input embedding only; exclude it with the spec's exclude")
 
     @contextmanager
-    def capture(self, token_mask: torch.Tensor, groups: torch.Tensor | None = None) -> Iterator[Capture]:
+    def capture(self, token_mask: torch.Tensor, groups=None) -> Iterator[Capture]:
         """Hooks on for one forward and one ``Capture.backward``; ``token_mask`` (rows, tokens): 1 on real tokens.
-        ``groups`` (rows,): ``cap.rows[j]`` is then the sum of the rows of group j (0..max), which a kind may
-        form more cheaply than the rows themselves (tensorsketch sums a group's gradients before sketching)."""
+        ``groups``: each row's group 0..n-1 (a host list, ``RowGroups``, or a tensor, read back once):
+        ``cap.rows[j]`` is then the sum of the rows of group j, which a kind may form more cheaply than the
+        rows themselves (tensorsketch sums a group's gradients before sketching)."""
         param = next(self.model.parameters())
         dtype = torch.promote_types(param.dtype, torch.float32)
+        if groups is not None and not isinstance(groups, RowGroups):
+            groups = RowGroups.of(groups, param.device)
         cap = Capture(token_mask.shape[0], self.projector, token_mask.to(param.device), dtype, groups)
         cap.embedded = list(self.embedded)
         cap.padding_idx = getattr(self.embedding, "padding_idx", None)
@@ -123,17 +138,24 @@ class FactoredHooks:
 
     def _forward_hook(self, cap: Capture, name: str):
         projector = self.projector
+        masks_delta = bool(getattr(projector, "masks_delta", False))
 
         def forward(module, inputs, output):
             if name in cap.inputs:
                 raise RuntimeError(f"{name} ran twice in one forward: the batched projection needs each projected "
                                    "layer called once per pass")
-            # masking what is kept (P_in x_t, or x_t) zeroes padding's share whatever delta is there
-            cap.inputs[name] = cap.masked(projector.keep_input(name, inputs[0].to(cap.rows.dtype)))
+            # masking what is kept (P_in x_t) zeroes padding's share whatever delta is there; a kind that keeps x_t
+            # itself (masks_delta) masks delta_t instead, the same products (zero at padding either way), so the
+            # layers sharing one input (q, k, v; gate, up) share one kept tensor, not a masked copy each. Kept
+            # in the model's dtype (a float32 / float64 model: as it was; bfloat16: no float32 copy)
+            kept = projector.keep_input(name, inputs[0])
+            cap.inputs[name] = kept if masks_delta else cap.masked(kept)
             if output.requires_grad:
                 output.register_hook(backward)
 
         def backward(delta):
-            cap.add(*projector.layer_block(name, delta.to(cap.rows.dtype), cap.inputs.pop(name), cap.groups))
+            if masks_delta:
+                delta = cap.masked(delta)
+            cap.add(*projector.layer_block(name, delta, cap.inputs.pop(name), cap.groups))
 
         return forward

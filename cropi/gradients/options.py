@@ -1,4 +1,5 @@
-"""How the POPI loss is formed: the options every gradient step takes (torch-free)."""
+"""How the POPI loss is formed, and how the scored model runs: the options every gradient step takes
+(torch-free)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,38 @@ class LossOptions(BaseModel):
             raise ValueError("clip_eps clips POPI's token ratios; the 'theta' estimator has none: "
                              "leave clip_eps unset or use advantage='behavior'")
         return self
+
+
+ModelDtype = Literal["auto", "float32", "bfloat16", "float16"]
+Attention = Literal["auto", "eager", "sdpa"]
+# What "auto" resolves to on each device: float32 and eager attention on CPU (every result measured there,
+# and what every store before these options holds); on CUDA bfloat16, what users' GPUs run, and sdpa, whose
+# kernels the batched path needs for speed there (its hooks take no per-example gradients through torch.func,
+# which eager attention was kept for). Measured: benchmarks/results/gpu/ (speed), the bfloat16 fidelity
+# (benchmarks/fidelity.py --model-dtype bfloat16).
+AUTO = {"cpu": ("float32", "eager"), "cuda": ("bfloat16", "sdpa")}
+BASELINE = AUTO["cpu"]  # float32, eager: recorded as nothing, so stores made before the options still match
+
+
+class ModelOptions(BaseModel):
+    """How the scored model runs while its gradients are taken: its dtype and attention implementation."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_dtype: ModelDtype = Field("auto", description="the model's dtype while scoring ('auto': float32 on CPU, "
+                                    "bfloat16 on CUDA); projected sums accumulate in float32 either way")
+    attention: Attention = Field("auto", description="attention implementation while scoring ('auto': eager on "
+                                 "CPU, sdpa on CUDA)")
+
+    def resolve(self, device: str) -> tuple[str, str]:
+        """(dtype, attention) on ``device`` (a resolved torch device string: 'cpu', 'cuda', 'cuda:1')."""
+        auto = AUTO["cuda" if str(device).startswith("cuda") else "cpu"]
+        return (auto[0] if self.model_dtype == "auto" else self.model_dtype,
+                auto[1] if self.attention == "auto" else self.attention)
+
+    def recorded(self, device: str) -> dict:
+        """What a gradient store's identity records of them on ``device``: nothing for float32 with eager
+        attention (what every store held before the options existed, so such a job resumes them), else the
+        resolved dtype and attention (vectors of a bfloat16 model are never mixed with float32 ones)."""
+        dtype, attention = self.resolve(device)
+        return {} if (dtype, attention) == BASELINE else {"model_dtype": dtype, "attention": attention}

@@ -2,6 +2,10 @@
 
 Resumable (prompts already committed are skipped) and shardable (``shard=(i, n)``
 takes the prompts whose id hashes to i, so n workers can share one store).
+
+The model runs in the dtype and with the attention ``model_options`` name ('auto': float32 and eager
+on CPU, bfloat16 and sdpa on CUDA; cropi.gradients.options.ModelOptions); a projection left out is
+the default spec of the device the job runs on (cropi.projection.spec.default_spec).
 """
 
 from __future__ import annotations
@@ -13,12 +17,13 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from cropi.contracts import NAME_PATTERN, VectorDtype
 from cropi.gradients import LossOptions, make_computer
+from cropi.gradients.options import ModelOptions
 from cropi.models.loading import load_causal_lm, load_tokenizer
 from cropi.pipeline.checks import check_tokenizer_matches, check_token_ids_fit
 from cropi.pipeline.progress import Progress, report
 from cropi.pipeline.sharding import in_shard, parse_shard, writer_id
 from cropi.projection import ProjectionSpec, make_projector
-from cropi.projection.spec import DEFAULT_SPEC
+from cropi.projection.spec import DEFAULT_SPEC, default_spec
 from cropi.store import CheckpointRef, GradientStore, TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.hashing import SPACED, short_hash
@@ -37,6 +42,7 @@ class GradientJob(BaseModel):
     name: Optional[str] = Field(None, pattern=NAME_PATTERN, description="checkpoint name; default: model folder name")
     projection: ProjectionSpec = Field(DEFAULT_SPEC, validation_alias=AliasChoices("projection", "spec"))
     loss: LossOptions = LossOptions()
+    model_options: ModelOptions = ModelOptions()
     shard: tuple[int, int] = Field((0, 1), description="(i, n): this worker's share of the prompts")
     gradient_dtype: VectorDtype = Field("float16", description="stored vector dtype",
                                                    validation_alias=AliasChoices("gradient_dtype", "dtype"))
@@ -47,11 +53,20 @@ class GradientJob(BaseModel):
     def checkpoint_name(self) -> str:
         return self.name or Path(self.model).resolve().name
 
+    def on_device(self, device: str) -> "GradientJob":
+        """The job as it runs on ``device``: a projection left out is that device's default spec."""
+        if "projection" in self.model_fields_set:
+            return self
+        return self.model_copy(update={"projection": default_spec(device)})
 
-def open_split(job: GradientJob, projector, trajectories: TrajectoryStore, fingerprint: str):
+
+def open_split(job: GradientJob, projector, trajectories: TrajectoryStore, fingerprint: str, device: str = "cpu"):
     spec = job.projection.model_dump() | {"spec_id": job.projection.spec_id}
     extra = {"loss": job.loss.recorded(), "trajectories": _identity_hash(trajectories.identity),
              "n_kept": projector.n_kept, "n_coords": projector.n_coords}
+    model = job.model_options.recorded(device)
+    if model:  # float32 with eager attention records nothing: stores made before the option still match
+        extra["model"] = model
     return GradientStore(job.store).split(CheckpointRef(name=job.checkpoint_name, fingerprint=fingerprint),
                                           spec, job.split, dim=projector.out_dim, dtype=job.gradient_dtype, extra=extra)
 
@@ -63,9 +78,11 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
     trajectories = TrajectoryStore.open(job.trajectories)
     check_tokenizer_matches(trajectories.identity, load_tokenizer(job.model), job.model)
     device = resolve_device(job.device)
-    model = load_causal_lm(job.model, device=device)
+    job = job.on_device(device)
+    dtype, attention = job.model_options.resolve(device)
+    model = load_causal_lm(job.model, device=device, dtype=dtype, attn_implementation=attention)
     projector = make_projector(job.projection, {n: tuple(p.shape) for n, p in model.named_parameters()}, device=device)
-    split = open_split(job, projector, trajectories, model_fingerprint(job.model))
+    split = open_split(job, projector, trajectories, model_fingerprint(job.model), device)
     done = split.committed_prompt_ids()
     mine = sorted(p for p in trajectories.committed_prompt_ids() if in_shard(p, shard))
     todo = [p for p in mine if p not in done]

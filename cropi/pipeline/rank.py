@@ -222,7 +222,7 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
     table = ranking.to_table()
     table = table.append_column(SELECTED, pa.array([p in selected for p in table["prompt_id"].to_pylist()]))
 
-    meta = ranking.meta | {"checkpoint": name, "spec_id": spec_id, **projection_record(pool_split.spec),
+    meta = ranking.meta | {"checkpoint": name, "spec_id": spec_id, **projection_record(pool_split.spec, pool_split.extra),
                            "pool": pool, "validation": validation,
                            "top_fraction": top_fraction, "excluded": ranking.excluded,
                            "checkpoint_fingerprint": pool_t.checkpoint.fingerprint, "created": time.time(),
@@ -239,13 +239,17 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
     return RankingResult(ranking, table, meta, ess)
 
 
-def projection_record(spec: dict) -> dict:
+def projection_record(spec: dict, extra: dict | None = None) -> dict:
     """What a ranking records of its vectors' projection: the spec, and where its fidelity was measured
-    (None: never at this size; ``cropi rank`` prints the notice)."""
+    with the model in the dtype the vectors were computed in (the split's ``extra["model"]``, absent for
+    float32; the entry names the device and dtype of that measurement; None: never measured so, and
+    ``cropi rank`` prints the notice)."""
     from cropi.projection.fidelity import measured
 
+    model = (extra or {}).get("model") if isinstance(extra, dict) else None
+    dtype = model.get("model_dtype", "float32") if isinstance(model, dict) else "float32"
     try:
-        fidelity = measured(ProjectionSpec.from_record(spec))
+        fidelity = measured(ProjectionSpec.from_record(spec), dtype)
     except (CropiError, ValueError, TypeError):  # an older or foreign record: the spec is still kept
         fidelity = None
     return {"projection": {k: v for k, v in spec.items() if k != "spec_id"}, "fidelity": fidelity}

@@ -37,6 +37,7 @@ from cropi.store.rankings import ranking_file
 from cropi.pipeline.refresh import RefreshJob
 from cropi.pipeline.refresh import refresh as run_refresh
 from cropi.pipeline.requests import RefreshOptions, ScoreRequest, ScoreResult, store_path
+from cropi.projection.spec import default_spec
 from cropi.store import TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.hashing import short_hash
@@ -54,6 +55,8 @@ def score_checkpoint(request: ScoreRequest, *, root: str | Path, progress: Progr
     """
     if not request.validation:
         raise InvalidInputError("name at least one validation set: the pool is ranked by its influence on them")
+    if "projection" not in request.model_fields_set:  # none named: the default of the device that computes them
+        request = request.model_copy(update={"projection": default_spec(request.device)})
     with reading_once():  # the pool file is consulted at every step below: parsed once
         return _score(request, root, report(progress), refresh)
 

@@ -83,13 +83,17 @@ class FactoredProjector(LayerProjector):
 
     # -- the batched hook path (cropi.gradients.hooks): one layer's share of each row's vector ------
     def keep_input(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        """What the forward pass keeps of layer ``name``'s input ``x`` (rows, tokens, in): ``P_in x_t``."""
+        """What the forward pass keeps of layer ``name``'s input ``x`` (rows, tokens, in): ``P_in x_t``, in
+        float32 or wider (a bfloat16 model's inputs are widened first, as the hooks did before handing
+        over the model's own dtype)."""
+        x = _wide(x)
         return x @ self.matrices(name, device=x.device, dtype=x.dtype)[1]
 
     def layer_block(self, name: str, delta: torch.Tensor, kept: torch.Tensor, groups: torch.Tensor | None = None
                     ) -> tuple[int, int, torch.Tensor]:
         """(start, stop, values): each row's ``sum_t (P_out delta_t)(P_in x_t)^T``, flattened, at the
         layer's block (summed by ``groups`` when given); ``kept`` is what ``keep_input`` returned (masked)."""
+        delta = _wide(delta)
         d = delta @ self.matrices(name, device=delta.device, dtype=delta.dtype)[0]   # (rows, tokens, factor_out)
         block = torch.einsum("bta,btc->bac", d, kept)                                  # (rows, factor_out, factor_in)
         start = self._offsets[name]
@@ -104,3 +108,8 @@ class FactoredProjector(LayerProjector):
         block = torch.einsum("bta,btc->bac", rows, g @ pin)
         start = self._offsets[name]
         return start, start + self.block_size, group_sum(block.reshape(block.shape[0], -1), groups)
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32, or as it is when already float32 or wider (no copy)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))

@@ -217,6 +217,28 @@ class ProjectionSpec(BaseModel):
 # use when no projection is named, and what fills every field a partial spec leaves out.
 DEFAULT_SPEC = ProjectionSpec()
 
+# The one default, per device: where vectors are computed decides which spec is fastest at full fidelity, so
+# the default is looked up here (``default_spec``) by every door that fills in a projection left out (the
+# gradients job, the score request); no other table of defaults exists. CPU: DEFAULT_SPEC, as measured
+# (fidelity_factored_tensorsketch.json, batched_scoring.json). CUDA: to be measured by the GPU check
+# (benchmarks/gpu/check.py times the default against k=32768 and plain bfloat16 forward+backward; fidelity
+# is device-independent up to rounding, benchmarks/fidelity.py --model-dtype bfloat16): until a
+# measurement shows another spec faster there at full fidelity, the same spec. A partial spec (a field or
+# two named) is always completed from DEFAULT_SPEC's fields, on every device.
+DEVICE_DEFAULTS: dict[str, ProjectionSpec] = {"cpu": DEFAULT_SPEC, "cuda": DEFAULT_SPEC}
+
+
+def default_spec(device: str = "cpu") -> ProjectionSpec:
+    """The default spec for vectors computed on ``device`` ('cpu', 'cuda', 'cuda:1', ...; 'auto' is
+    resolved as the gradients job resolves it, which needs torch); a device type not in
+    ``DEVICE_DEFAULTS`` gets CPU's."""
+    device = str(device)
+    if device == "auto":
+        from cropi.utils.device import resolve_device
+
+        device = resolve_device(device)
+    return DEVICE_DEFAULTS.get(device.split(":")[0], DEFAULT_SPEC)
+
 # Not a second default but a purpose of its own: the online filters (cropi.trainers.filters) project
 # each response of every training step, where packing cannot serve; there the tensorsketch costs about a
 # weight gradient per row, so they keep the factored kind (16x16) for its cost, with its weaker measured

@@ -32,29 +32,139 @@ Hashes: ``h`` and ``s`` of coordinate j on one side come from ``coord_hash(name_
 (stream 3: the input side, 4: the output side): the bucket is ``(top 32 bits * dim) >> 32``, the
 sign is the lowest bit. Which parameters: as the factored kind (2-d ``.weight`` of linear layers
 and of the input embedding; a tied embedding / output matrix is one parameter, both uses summed).
+
+Two engines compute the hook path, with the same numbers up to float rounding (tests/test_batched_sketch.py
+checks both against brute-force gradients, on CPU; the ``gpu`` test checks CUDA against CPU):
+
+- ``cpu`` (every device but CUDA; the reference): per layer the cheaper of two exact routes by the CPU's
+  cost (``direct_is_cheaper``), scatters (``index_add_``) for hashing and signing;
+- ``cuda``: no host synchronisation anywhere in the per-layer work (the groups' sizes come from the host,
+  ``RowGroups``; plans are built once per layer and cached); the factors stay in the model's dtype
+  (bfloat16) and every product accumulates in float32 (``matmul_acc``); the direct route forms a
+  group's gradient as one tensor-core matrix product over the group's tokens (no per-row gradients),
+  in chunks of output rows that bound its memory; the FFT route count-sketches each side as a
+  tensor-core matrix product over sorted hash blocks (``BlockSketch``: no float32 scatter-adds), and
+  sketches and transforms tokens in chunks that bound its temporaries. Which route a layer takes
+  follows ``CUDA_COSTS``, estimated, not yet measured: the GPU check (benchmarks/gpu/check.py) times
+  each route forced, so the estimates can be replaced by what it measures.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from cropi.errors import InvalidInputError
 from cropi.projection.inputs import collect_grads
-from cropi.projection.layers import LayerProjector, group_sum
+from cropi.projection.layers import LayerProjector, RowGroups, as_groups, group_sum
 from cropi.utils.hashing import coord_hash, top_bits
 
 IN_STREAM, OUT_STREAM = 3, 4
 PAIR_CHUNK = 2**22  # (o, i) pairs hashed at once by ``project`` (bounds its temporaries)
 DIRECT_MAX = 2**22  # the most (o, i) pairs of a layer the hook path forms per row (see direct_is_cheaper)
+CUDA_PAIR_CHUNK = 2**25  # the cuda engine's direct route: pairs of a group's gradient formed at once
+CUDA_FFT_CHUNK = 2**27  # the cuda engine's FFT route: elements of a chunk's widest array (tokens x dim, or the
+# gathered side: tokens x ~n) formed at once
+SKETCH_BLOCK = 128  # buckets per block of ``BlockSketch`` (a tensor-core tile's width)
 
 
-def group_rows(groups: torch.Tensor) -> list[torch.Tensor]:
-    """Row indices of each group 0..max, in order."""
-    order = torch.argsort(groups, stable=True)
-    counts = torch.bincount(groups).tolist()
-    return list(torch.split(order, counts))
+@dataclass(frozen=True)
+class RouteCosts:
+    """Seconds per unit of the two exact routes' work on one device, for choosing between them.
+
+    ``flop``: a multiply-add of a matrix product (per flop; the factors' dtype on tensor cores);
+    ``pair``: one (o, i) pair of a formed gradient hashed and added into its bucket;
+    ``spectrum``: one dim-wide element of one token on one side (its sketch written, transformed,
+    multiplied and summed); ``side``: one element of a token's factor count-sketched (read, gathered)."""
+
+    flop: float
+    pair: float
+    spectrum: float
+    side: float
+
+    def direct(self, out_f: int, in_f: int, group_tokens: list[int]) -> float:
+        return sum(2.0 * t * out_f * in_f * self.flop + out_f * in_f * self.pair for t in group_tokens)
+
+    def fft(self, out_f: int, in_f: int, dim: int, tokens: int) -> float:
+        side = self.side + 2.0 * SKETCH_BLOCK * self.flop
+        return tokens * (2.0 * dim * self.spectrum + (out_f + in_f) * side)
+
+
+# The cuda engine's costs: estimates for an H100/H200 in bfloat16 (~400 TFLOP/s of tensor-core products,
+# ~2.5 TB/s reached by the memory-bound steps: a pair ~30 bytes, a spectrum element ~35 bytes over its
+# passes, a side element ~10 bytes). Not measured: the GPU check times both routes forced
+# (benchmarks/gpu/check.py, "routes") and these are to be replaced by what it shows.
+CUDA_COSTS = RouteCosts(flop=2.5e-15, pair=1.2e-11, spectrum=1.4e-11, side=4e-12)
+
+_MM_OUT_DTYPE: dict[str, bool] = {}  # whether torch.mm / torch.bmm take out_dtype on this build (CUDA)
+
+
+def matmul_acc(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` (2-d, or 3-d batched) accumulated and returned in float32 or wider. Factors in bfloat16
+    (or float16) stay so: on CUDA the product runs on tensor cores with a float32 result
+    (``out_dtype``); where this torch build lacks that, the half-precision product (float32 accumulation
+    inside) is widened after, and elsewhere (CPU) the factors are widened first."""
+    acc = torch.promote_types(a.dtype, torch.float32)
+    if a.dtype == acc and b.dtype == acc:
+        return a @ b
+    if a.is_cuda and a.dtype == b.dtype:
+        op = torch.mm if a.dim() == 2 else torch.bmm
+        if _MM_OUT_DTYPE.get(op.__name__, True):
+            try:
+                out = op(a, b, out_dtype=acc)
+                _MM_OUT_DTYPE[op.__name__] = True
+                return out
+            except torch.OutOfMemoryError:
+                raise
+            except (TypeError, RuntimeError, NotImplementedError):
+                _MM_OUT_DTYPE[op.__name__] = False
+        return (a @ b).to(acc)
+    return a.to(acc) @ b.to(acc)
+
+
+def mm_out_dtype_supported() -> dict[str, bool]:
+    """What ``matmul_acc`` found (for the GPU check's record): {"mm": True, ...} once tried."""
+    return dict(_MM_OUT_DTYPE)
+
+
+class BlockSketch:
+    """A count sketch ``C x`` (n -> dim, one bucket and sign per coordinate) as a batched matrix product.
+
+    The coordinates are sorted by bucket and cut into blocks of ``width`` buckets; block b's coordinates
+    (at most ``load``, padded with sign 0) are gathered from ``x`` and multiplied by the block's
+    (load x width) matrix of signs: every bucket is the signed sum of its coordinates, as the
+    scatter-add gives, with no atomic adds, in the factors' dtype on tensor cores with float32
+    results (``matmul_acc``). ``width`` x ``load`` multiply-adds per (token, block), about
+    ``width`` per coordinate: cheap next to moving the coordinate itself."""
+
+    def __init__(self, bucket: torch.Tensor, sign: torch.Tensor, dim: int, width: int = SKETCH_BLOCK,
+                 dtype: torch.dtype = torch.float32):
+        n, device = bucket.numel(), bucket.device
+        self.n, self.dim, self.width = n, dim, min(width, dim)
+        self.blocks = -(-dim // self.width)
+        order = torch.argsort(bucket, stable=True)
+        sb = bucket[order]
+        block = sb // self.width
+        counts = torch.bincount(block, minlength=self.blocks)
+        self.load = max(1, int(counts.max()))  # built once per layer and side (cached): the one read-back
+        starts = torch.cumsum(counts, 0) - counts
+        pos = torch.arange(n, device=device) - starts[block]
+        self.src = torch.zeros(self.blocks, self.load, dtype=torch.long, device=device)
+        self.src[block, pos] = order
+        self.matrix = torch.zeros(self.blocks, self.load, self.width, dtype=dtype, device=device)
+        self.matrix[block, pos, sb % self.width] = sign[order].to(dtype)
+        self.src = self.src.reshape(-1)
+        self.gathered = self.blocks * self.load  # elements a token's gathered side holds (about n, padded)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``C x`` along the last dimension of ``x`` (..., n): (..., dim), float32 or wider."""
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, self.n)
+        gathered = flat.index_select(1, self.src).view(flat.shape[0], self.blocks, self.load)
+        y = matmul_acc(gathered.transpose(0, 1), self.matrix.to(x.dtype))  # (blocks, tokens, width)
+        return y.transpose(0, 1).reshape(*lead, self.blocks * self.width)[..., :self.dim]
 
 
 class TensorSketchProjector(LayerProjector):
@@ -105,19 +215,34 @@ class TensorSketchProjector(LayerProjector):
         return out.float()
 
     # -- the batched hook path (cropi.gradients.hooks) -----------------------------------------
+    masks_delta = True  # the hooks keep each layer's input itself (shared by the layers it feeds) and mask delta
+    engine: str | None = None  # None: "cuda" on a CUDA device, "cpu" elsewhere; set to force one (tests, benchmarks)
+    route: str | None = None  # None: the cheaper of "direct" and "fft" per layer; set to force one (the GPU check)
+
+    def engine_for(self, device: torch.device) -> str:
+        """Which engine computes the hook path for tensors on ``device`` (module docstring)."""
+        return self.engine or ("cuda" if torch.device(device).type == "cuda" else "cpu")
+
     def keep_input(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        """The layer's input itself (rows, tokens, in): sketching it waits for the backward pass, so
-        a pass holds inputs (as autograd does), not dim-wide sketches of every layer."""
+        """The layer's input itself (rows, tokens, in), in the model's dtype: sketching it waits for the
+        backward pass, so a pass holds inputs (as autograd does), not dim-wide sketches of every layer."""
         return x
 
-    def layer_block(self, name: str, delta: torch.Tensor, kept: torch.Tensor, groups: torch.Tensor | None = None
+    def layer_block(self, name: str, delta: torch.Tensor, kept: torch.Tensor, groups=None
                     ) -> tuple[int, int, torch.Tensor]:
         """(0, dim, values): each row's TensorSketch of ``sum_t delta_t x_t^T``, by whichever of two exact
         routes costs less for this layer and pass (``direct_is_cheaper``): the FFT of the two sides'
         count sketches, per token, or the row's gradient formed (one batched matmul) and scattered into
         its pair buckets. Same numbers up to rounding (tests/test_batched_sketch.py). With ``groups`` the
-        direct route sums a group's gradients before scattering them (one scatter a prompt, not a row)."""
-        if self.direct_is_cheaper(name, delta.shape[1]):
+        direct route sums a group's gradients before scattering them (one scatter a prompt, not a row).
+        Values in float32 (float64 for float64 factors), whatever the factors' dtype."""
+        groups = as_groups(groups)
+        if self.engine_for(delta.device) == "cuda":
+            return 0, self.out_dim, self._cuda_block(name, delta, kept, groups)
+        acc = torch.promote_types(delta.dtype, torch.float32)
+        delta, kept = delta.to(acc), kept.to(acc)  # float32 / float64 factors: no copy (as before)
+        direct = self.route == "direct" if self.route else self.direct_is_cheaper(name, delta.shape[1])
+        if direct:
             h_out, s_out, h_in, s_in = self.hashes(name, delta.device)
             # the pair's sign s_out(o) s_in(i) applied on the sides: no out x in multiply
             d, x = delta * s_out.to(delta.dtype), kept * s_in.to(kept.dtype)
@@ -125,7 +250,7 @@ class TensorSketchProjector(LayerProjector):
                 g = torch.einsum("bto,bti->boi", d, x)                         # (rows, out, in)
             else:  # a group's tokens as one sequence: one (out x tokens) @ (tokens x in) product a group
                 g = torch.stack([d[idx].reshape(-1, d.shape[-1]).T @ x[idx].reshape(-1, x.shape[-1])
-                                 for idx in group_rows(groups)])
+                                 for idx in groups.members])
             bucket, _ = self.pair_hashes(name, delta.device)
             out = torch.zeros(g.shape[0], self.out_dim, dtype=g.dtype, device=g.device)
             return 0, self.out_dim, out.index_add_(1, bucket, g.reshape(g.shape[0], -1))
@@ -135,15 +260,87 @@ class TensorSketchProjector(LayerProjector):
         return 0, self.out_dim, torch.fft.irfft(summed, n=self.out_dim, dim=-1)
 
     def direct_is_cheaper(self, name: str, tokens: int) -> bool:
-        """Forming the row's gradient costs ~2 T out in (a matmul) plus a scatter of out x in; the FFT route
-        ~T (2 FFTs of dim, ~5 dim log2 dim each, over dim-wide arrays). On a small layer (or short rows)
-        the first is several times cheaper; on a 1.5B model's layers the second, by far. The direct route
-        also holds the layer's pair hashes (out x in, cached) and one (rows, out, in) gradient, so it is
-        taken only while those stay under ``DIRECT_MAX``."""
+        """The cpu engine's choice. Forming the row's gradient costs ~2 T out in (a matmul) plus a scatter of
+        out x in; the FFT route ~T (2 FFTs of dim, ~5 dim log2 dim each, over dim-wide arrays). On a small
+        layer (or short rows) the first is several times cheaper; on a 1.5B model's layers the second, by
+        far. The direct route also holds the layer's pair hashes (out x in, cached) and one (rows, out, in)
+        gradient, so it is taken only while those stay under ``DIRECT_MAX``."""
         out_f, in_f = self._shapes[name]
         pairs = out_f * in_f
         fft = tokens * 10.0 * self.out_dim * max(1.0, math.log2(self.out_dim))
         return pairs <= DIRECT_MAX and pairs * (2.0 * tokens + 8.0) < fft
+
+    def cuda_route(self, name: str, groups: RowGroups, tokens_per_row: int) -> str:
+        """The cuda engine's choice for one layer and pass, by ``CUDA_COSTS``: the direct route's products run
+        over a whole group's tokens (a prompt's responses), so its cost per token falls with the group's
+        size, while the FFT route's is per token. Host arithmetic only."""
+        if self.route:
+            return self.route
+        out_f, in_f = self._shapes[name]
+        group_tokens = groups.tokens(tokens_per_row)
+        direct = CUDA_COSTS.direct(out_f, in_f, group_tokens)
+        fft = CUDA_COSTS.fft(out_f, in_f, self.out_dim, sum(group_tokens))
+        return "direct" if direct < fft else "fft"
+
+    def _cuda_block(self, name: str, delta: torch.Tensor, kept: torch.Tensor, groups: RowGroups | None
+                    ) -> torch.Tensor:
+        """The cuda engine (module docstring): (groups or rows, dim), float32 or wider."""
+        if groups is None:  # every row its own group: host values only
+            groups = RowGroups.of(range(delta.shape[0]), delta.device)
+        if self.cuda_route(name, groups, delta.shape[1]) == "direct":
+            return self._cuda_direct(name, delta, kept, groups)
+        return self._cuda_fft(name, delta, kept, groups)
+
+    def _cuda_direct(self, name: str, delta: torch.Tensor, kept: torch.Tensor, groups: RowGroups) -> torch.Tensor:
+        """Each group's gradient ``sum_t delta_t x_t^T`` as one product over its tokens (chunks of output
+        rows), its pairs' buckets computed from the two sides' hashes on the way and added in (int32). The
+        input side's signs go on ``x`` (the narrow side), the output side's on the formed rows: no copy
+        of ``delta``, which for the output layer is vocabulary-wide."""
+        out_f, in_f = self._shapes[name]
+        h_out, s_out, h_in, s_in = self.hashes(name, delta.device)
+        x = kept * s_in.to(kept.dtype)  # +-1: exact in any dtype
+        acc = torch.promote_types(delta.dtype, torch.float32)
+        out = torch.zeros(groups.n, self.out_dim, dtype=acc, device=delta.device)
+        sides = [(delta[m].reshape(-1, out_f), x[m].reshape(-1, in_f)) for m in groups.members]
+        h_out32, h_in32 = h_out.to(torch.int32), h_in.to(torch.int32)
+        signs = s_out.to(acc)[:, None]
+        step = max(1, CUDA_PAIR_CHUNK // in_f)
+        for a in range(0, out_f, step):
+            b = min(out_f, a + step)
+            bucket = (h_out32[a:b, None] + h_in32[None, :]).remainder_(self.out_dim).reshape(-1)
+            for j, (dj, xj) in enumerate(sides):
+                g = matmul_acc(dj[:, a:b].T, xj).mul_(signs[a:b])
+                out[j].index_add_(0, bucket, g.reshape(-1))
+        return out
+
+    def _cuda_fft(self, name: str, delta: torch.Tensor, kept: torch.Tensor, groups: RowGroups) -> torch.Tensor:
+        """The two sides count-sketched by ``BlockSketch`` and transformed, chunk by chunk of (rows, tokens);
+        the products summed over tokens, then over each group's rows; one inverse transform a group."""
+        rows, tokens = delta.shape[:2]
+        acc = torch.promote_types(delta.dtype, torch.float32)
+        sk_out, sk_in = self.block_sketch(name, "out", delta), self.block_sketch(name, "in", kept)
+        per_row = tokens * max(self.out_dim, sk_out.gathered, sk_in.gathered)  # a row's widest temporary
+        row_step = max(1, CUDA_FFT_CHUNK // per_row)
+        tok_step = tokens if per_row <= CUDA_FFT_CHUNK else max(1, CUDA_FFT_CHUNK * tokens // per_row)
+        summed = None
+        for r in range(0, rows, row_step):
+            part = None
+            for t in range(0, tokens, tok_step):
+                a = torch.fft.rfft(sk_out(delta[r:r + row_step, t:t + tok_step]), dim=-1)
+                a.mul_(torch.fft.rfft(sk_in(kept[r:r + row_step, t:t + tok_step]), dim=-1))
+                part = a.sum(dim=1) if part is None else part.add_(a.sum(dim=1))
+            summed = part if summed is None else torch.cat([summed, part])
+        out = torch.fft.irfft(group_sum(summed, groups), n=self.out_dim, dim=-1)
+        return out.to(acc)
+
+    def block_sketch(self, name: str, side: str, like: torch.Tensor) -> BlockSketch:
+        """The cached ``BlockSketch`` of one side of layer ``name``, in ``like``'s dtype and device."""
+        key = ("block", name, side, str(like.device), like.dtype)
+        if key not in self._hashes:
+            h_out, s_out, h_in, s_in = self.hashes(name, like.device)
+            bucket, sign = (h_out, s_out) if side == "out" else (h_in, s_in)
+            self._hashes[key] = BlockSketch(bucket, sign, self.out_dim, dtype=like.dtype)
+        return self._hashes[key]
 
     def pair_hashes(self, name: str, device=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat (out x in) pair buckets ``h_out(o) + h_in(i) mod dim`` and signs ``s_out(o) s_in(i)``, cached."""
@@ -156,14 +353,16 @@ class TensorSketchProjector(LayerProjector):
         return self._hashes[key]
 
     def embedding_block(self, name: str, tokens: torch.Tensor, g: torch.Tensor, mask: torch.Tensor,
-                        groups: torch.Tensor | None = None) -> tuple[int, int, torch.Tensor]:
+                        groups=None) -> tuple[int, int, torch.Tensor]:
         """The input embedding's share: its gradient is ``sum_t e_{token_t} g_t^T``, so coordinate
-        (token_t, i) gets ``g_t[i]``: scattered straight into its bucket (one-hot side: no FFT)."""
+        (token_t, i) gets ``g_t[i]``: scattered straight into its bucket (one-hot side: no FFT). Once a
+        pass, on either engine; the number of groups comes from the host."""
+        groups = as_groups(groups)
         h_out, s_out, h_in, s_in = self.hashes(name, g.device)
         bucket = (h_out[tokens][..., None] + h_in) % self.out_dim                   # (rows, tokens, in)
         values = g * (s_out[tokens].to(g.dtype) * mask[..., 0])[..., None] * s_in.to(g.dtype)
-        rows = torch.arange(g.shape[0], device=g.device) if groups is None else groups
-        n = g.shape[0] if groups is None else int(groups.max()) + 1
+        rows = torch.arange(g.shape[0], device=g.device) if groups is None else groups.index.to(g.device)
+        n = g.shape[0] if groups is None else groups.n
         flat = (rows[:, None, None] * self.out_dim + bucket).reshape(-1)  # (group, bucket) as one index
         out = torch.zeros(n * self.out_dim, dtype=g.dtype, device=g.device).index_add_(0, flat, values.reshape(-1))
         return 0, self.out_dim, out.reshape(n, self.out_dim)

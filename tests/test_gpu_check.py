@@ -1,0 +1,35 @@
+"""The GPU check (benchmarks/gpu/check.py, run by check.sh / `make gpu-checks`) runs end to end here in its
+dry-run mode: tiny models of the Qwen2.5 families on CPU, the cuda engine forced onto CPU tensors. It
+writes its JSON with every CUDA figure absent, the stages done without error and vLLM / verl skipped with
+the reason, so the one try on a GPU machine is not spent finding a broken script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_gpu_check_dry_run_writes_its_json_with_the_cuda_figures_absent(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu" / "check.py"), "--dry-run",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads((tmp_path / "check_dry_run.json").read_text())
+    assert r["dry_run"] is True and r["card"] is None
+    for key in ("seconds_per_prompt", "default_over_plain", "k32768_over_plain", "peak_memory_gib_16k"):
+        assert r[key] is None, key  # no CUDA figure from a CPU run
+    assert r["goal"]["met"] is None and r["dtype"] == "bfloat16" and r["attention"] == "sdpa"
+    assert set(r["skipped"]) == {"vllm", "verl"} and all("not run" in why for why in r["skipped"].values())
+    assert set(r["stages"]) == {"probe", "memory_16k", "qwen2.5-1.5b", "qwen2.5-7b"}
+    for name, stage in r["stages"].items():
+        assert "error" not in stage and "skipped" not in stage, (name, stage)
+    small = r["stages"]["qwen2.5-1.5b"]
+    assert small["measured"] is False
+    assert set(small["seconds_per_prompt"]) == {"plain", "default", "k32768", "sjlt"}
+    assert all(isinstance(v, float) and v > 0 for v in small["seconds_per_prompt"].values())
+    assert set(small["routes"]["seconds_per_prompt"]) == {"default_direct", "default_fft", "k32768_direct",
+                                                          "k32768_fft", "plain"}
+    assert r["default_spec"]["spec_id"] and r["default_spec"]["fidelity"]["device"] == "cpu"
