@@ -64,6 +64,24 @@ def test_cuda_engine_in_small_chunks_equals_it_in_one(route, monkeypatch):
     torch.testing.assert_close(chunked, whole, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("engine", ["cpu", "cuda"])
+def test_masking_the_input_or_the_output_gradient_gives_the_same_vectors(engine, monkeypatch):
+    """The tensorsketch masks delta (its layers keep their shared inputs unmasked), except where a layer's
+    output is much wider than its input (the output layer: masking x there copies a narrow tensor): both
+    zero the padding's products, so the vectors agree whichever side each layer masks."""
+    import cropi.gradients.hooks as hooks
+
+    force(monkeypatch, engine, None)
+    spec = ProjectionSpec(kind="tensorsketch", dim=64, seed=4)
+    as_is = batched_vectors(double_model(), spec, two_prompts())
+    monkeypatch.setattr(hooks, "WIDE_OUTPUT", 1)  # now every widening layer (gate, up, the output) masks x
+    widened = batched_vectors(double_model(), spec, two_prompts())
+    monkeypatch.setattr(TensorSketchProjector, "masks_delta", False)  # and now every layer
+    inputs = batched_vectors(double_model(), spec, two_prompts())
+    torch.testing.assert_close(widened, as_is, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(inputs, as_is, rtol=1e-12, atol=1e-14)
+
+
 def test_cpu_engine_is_the_default_off_cuda_and_the_cuda_engine_on_it():
     proj = make_projector(ProjectionSpec(kind="tensorsketch", dim=64), shapes_of(tiny_model()))
     assert proj.engine_for(torch.device("cpu")) == "cpu"

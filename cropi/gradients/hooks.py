@@ -43,6 +43,8 @@ import torch
 from cropi.errors import InvalidInputError
 from cropi.projection.layers import RowGroups, as_groups
 
+WIDE_OUTPUT = 16  # a layer with out_features above this many times in_features masks its input, not delta
+
 
 class Capture:
     """What one forward/backward under ``FactoredHooks.capture`` collects."""
@@ -122,7 +124,7 @@ class FactoredHooks:
         cap.padding_idx = getattr(self.embedding, "padding_idx", None)
         handles = [self.embedding.register_forward_hook(lambda m, i, out: self._anchor(cap, i[0], out))]
         for name, module in self.layers:
-            handles.append(module.register_forward_hook(self._forward_hook(cap, name)))
+            handles.append(module.register_forward_hook(self._forward_hook(cap, name, module)))
         try:
             yield cap
         finally:
@@ -136,9 +138,11 @@ class FactoredHooks:
         cap.anchor, cap.tokens = out, tokens
         return out
 
-    def _forward_hook(self, cap: Capture, name: str):
+    def _forward_hook(self, cap: Capture, name: str, module: torch.nn.Linear):
         projector = self.projector
-        masks_delta = bool(getattr(projector, "masks_delta", False))
+        # an output layer (vocabulary-wide delta) masks its narrow input instead: a copy of x, not of delta
+        masks_delta = bool(getattr(projector, "masks_delta", False)) and not (
+            module.out_features > WIDE_OUTPUT * module.in_features)
 
         def forward(module, inputs, output):
             if name in cap.inputs:

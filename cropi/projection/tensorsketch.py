@@ -330,8 +330,8 @@ class TensorSketchProjector(LayerProjector):
                 a.mul_(torch.fft.rfft(sk_in(kept[r:r + row_step, t:t + tok_step]), dim=-1))
                 part = a.sum(dim=1) if part is None else part.add_(a.sum(dim=1))
             summed = part if summed is None else torch.cat([summed, part])
-        out = torch.fft.irfft(group_sum(summed, groups), n=self.out_dim, dim=-1)
-        return out.to(acc)
+        # back to real per row, then summed by group (the transform is linear; no complex scatter-add)
+        return group_sum(torch.fft.irfft(summed, n=self.out_dim, dim=-1), groups).to(acc)
 
     def block_sketch(self, name: str, side: str, like: torch.Tensor) -> BlockSketch:
         """The cached ``BlockSketch`` of one side of layer ``name``, in ``like``'s dtype and device."""
