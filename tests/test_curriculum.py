@@ -18,7 +18,7 @@ import pytest
 from cropi.cli import main as cli_main
 from cropi.data import load_prompts
 from cropi.pipeline import score
-from cropi.selection import SelectionInputs, select
+from cropi.selection import DEFAULT_SELECTOR, SelectionInputs, select
 from cropi.pipeline.curriculum import (CurriculumConfig, CurriculumConfigError, CurriculumConflictError,
                                        run_curriculum, stage_seed)
 from cropi.store import GradientStore, TrajectoryStore
@@ -331,4 +331,4 @@ def test_the_service_finds_a_ranking_stored_under_its_selectors_name(setup, crop
     served = library.ranking(name, spec)
     assert served.meta["selector"] == "cropi" and served.table.equals(pq.read_table(path).replace_schema_metadata())
     assert library.ranking_version(name, spec) is not None
-    assert stored_ranking_name(str(Path(setup["root"]) / "store"), "nobody", spec) == "pool.diverse"  # none yet
+    assert stored_ranking_name(str(Path(setup["root"]) / "store"), "nobody", spec) == f"pool.{DEFAULT_SELECTOR}"  # none yet
