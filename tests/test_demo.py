@@ -358,13 +358,21 @@ def _check_diagnostics(out, quick: DemoSettings, diagnostics: dict, methods) -> 
         for seed, stages in d["by_seed"].items():
             assert sorted(stages, key=int) == [str(m) for m in range(quick.stages)]
             for m, row in stages.items():
+                m = int(m)
                 folder = out / "runs" / "curricula" / f"{method}-seed{seed}" / f"stage-{m}"
                 n = pq.read_table(folder / "subset.parquet").num_rows
-                rows = [json.loads(x) for x in (folder / "train" / "metrics.jsonl").read_text().splitlines()]
+                checked = method == DEFAULT_METHOD  # its parts' rows merged on the spent-step axis, in the stage folder
+                rows = [json.loads(x) for x in (folder / ("metrics.jsonl" if checked else "train/metrics.jsonl"))
+                        .read_text().splitlines()]
                 train = [r for r in rows if "eval" not in r]
                 assert row["n_selected"] == n
                 assert row["passes_per_stage"] == pytest.approx(len(train) * quick.batch_prompts / n)
                 assert row["zero_advantage_share"] == pytest.approx(np.mean([r["zero_advantage_groups"] for r in train]))
+                if checked:  # every trained step once, the race's losing part included, on the spent axis
+                    assert len(train) == quick.steps_per_stage
+                    assert sorted(r["step"] for r in train) == list(range(m * quick.steps_per_stage + 1,
+                                                                          (m + 1) * quick.steps_per_stage + 1))
+                    continue  # it reads the validation sets through its checks (report["checks"]), not stage_eval
                 ends = [r for r in rows if r.get("stage_eval")]
                 assert ends and ends[-1]["step"] == max(r["step"] for r in train)  # read at the stage's end
                 assert row["random_alignment"] is not None and -1 <= row["selection_alignment"] <= 1
