@@ -399,7 +399,8 @@ def test_quick_demo_end_to_end(tmp_path):
     target_rows = sum(pool["skills"].get(k, 0) for k in targets) * pool["n"]
     assert mix["oracle"]["0"]["n"] == pytest.approx(target_rows)  # every targeted-skill prompt, nothing else
     for stages in report["cropi_ess"].values():  # stage 0 is scored at the behavior policy itself: ESS = K
-        assert stages["0"]["n"] == n_pool and stages["0"]["p10"] > 0.999
+        # the mixed-reward prompts only: an all-equal group gets no forward pass, so no ESS (issue 32)
+        assert 0 < stages["0"]["n"] < n_pool and stages["0"]["p10"] > 0.999
         assert stages["1"]["median"] < stages["0"]["median"]  # theta_1 has moved away from theta_0's samples
 
 
