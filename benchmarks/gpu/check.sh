@@ -6,18 +6,22 @@
 # Uses that machine's own python3 ($PY) and the wheels taken along in .whl/ (pydantic, pydantic-core,
 # annotated-types, typing-inspection, dill: installed offline into $SITE, nothing from the network, nothing
 # built). Runs the CUDA tests (`-m gpu`), then benchmarks/gpu/check.py, each under its own time limit, the
-# whole well inside 8 minutes; writes benchmarks/results/gpu/{pytest_gpu.json,check.json}. vLLM and verl are
+# whole well inside 8 minutes; writes benchmarks/results/gpu/{pytest_gpu.json,check.json} (or $GPU_OUT/). vLLM and verl are
 # not run there (no network, no room for vLLM's GPU wheel): check.json records why.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python3}
-OUT=${OUT:-benchmarks/results/gpu}
+OUT=${GPU_OUT:-benchmarks/results/gpu}  # GPU_OUT, not OUT: `make` and the device runner set OUT for their own use
 SITE=${SITE:-/tmp/cropi-site}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" > /dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --target "$SITE" .whl/*.whl || echo "[check] installing .whl/ failed"
 fi
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+if ! "$PY" -c "import pydantic, torch, transformers" 2>/dev/null; then
+  echo "[check] $PY cannot import pydantic, torch and transformers: put the wheels of ../shared/GPU.md (step 1) in .whl/"
+  exit 2
+fi
 status=0
 dry=""
 for a in "$@"; do [ "$a" = "--dry-run" ] && dry=1; done
