@@ -258,7 +258,7 @@ def stalled_phase(a: argparse.Namespace, cache: Path, built: dict, spec: Project
                      "answer_memory_mb", "answer_memory_mb_per_caller", "max_response_mb", "heavy_requests",
                      "heavy_queue", "heavy_wait_s", "stall_timeout_s", "max_connections", "ranking_cache_mb",
                      "ranking_views_mb", "gradient_cache_mb", "gradient_views_mb", "render_cache_mb",
-                     "switch_interval_ms")}}
+                     "switch_interval_ms", "freeze_startup_heap")}}
     try:
         import httpx
 

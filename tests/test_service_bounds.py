@@ -5,8 +5,10 @@ or through the app, and the bound checked where it holds."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +23,7 @@ from fastapi.testclient import TestClient
 from cropi_service.api.app import create_app
 from cropi_service.api.connections import guarded_protocol
 from cropi_service.base.errors import BusyError, OverloadedError
+from cropi_service.base.settings import ServiceSettings
 from cropi_service.domain.cache import VersionedCache
 from cropi_service.domain.flight import AnswerLedger, Slots
 from cropi_service.domain.registry import CheckpointRow, Registry, new_id
@@ -307,6 +310,33 @@ def test_a_big_arrow_answer_is_made_off_the_event_loop_and_sent_from_arrows_own_
     single = pa.ipc.open_stream(one.content).read_all()
     assert single.column("prompt_id").to_pylist() == ids[:1]
     assert np.array_equal(np.asarray(single.column("vector")[0].values), stored.vectors[-1])
+
+
+def test_cropi_serve_freezes_its_startup_heap_before_serving(tmp_path, monkeypatch):
+    """Issue 31: a full pass of the cyclic collector over the server's startup objects held the GIL, and
+    the event loop answering /healthz, 60-90 ms at a time while batches were made. ``cropi serve``
+    freezes them out of its passes (``freeze_startup_heap``) and sets the GIL's switch interval, just
+    before it serves."""
+    import uvicorn
+
+    from cropi_service.entry import cli
+
+    seen: list = []
+    monkeypatch.setattr(cli, "configure_logging", lambda: None)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, *a, **k: seen.append(
+        ("run", gc.get_freeze_count(), sys.getswitchinterval())))
+    interval = sys.getswitchinterval()
+    try:
+        cli.serve(tmp_path / "root", workers=0)
+        assert seen[0][0] == "run" and seen[0][1] > 10_000  # the modules and the app: frozen when it serves
+        assert seen[0][2] == pytest.approx(ServiceSettings.model_fields["switch_interval_ms"].default / 1000)
+        gc.unfreeze()
+        monkeypatch.setenv("CROPI_SERVICE_FREEZE_STARTUP_HEAP", "false")
+        cli.serve(tmp_path / "root", workers=0)
+        assert seen[1][:2] == ("run", 0)  # the setting off: nothing frozen
+    finally:
+        gc.unfreeze()
+        sys.setswitchinterval(interval)
 
 
 def test_batches_waiting_for_a_turn_leave_health_and_ordinary_routes_answering(tmp_path):

@@ -97,6 +97,13 @@ class ServiceSettings(BaseSettings):
                                       "it over (sys.setswitchinterval; cropi serve only): shorter keeps the "
                                       "event loop, and with it health checks and the hot reads, answering "
                                       "while request threads compute")
+    # True: a full pass of the cyclic garbage collector holds the GIL while it walks every tracked object,
+    # about 85k after startup: 60-90 ms for each, in whichever thread triggers it (making a 10k-id batch
+    # does, a few times a minute), and the event loop, with /healthz, waits it out. Frozen, the startup
+    # objects are never walked again; a full pass over the rest took 2-4 ms (issue 31)
+    freeze_startup_heap: bool = Field(default=True, description="move every object that exists when the "
+                                      "server starts to the collector's permanent generation (gc.freeze; "
+                                      "cropi serve only), so its full passes walk only what came later")
     max_queued_per_caller: int = Field(default=16, ge=1, description="queued jobs one caller (token) may have; "
                                        "past it a submission is answered 429 with Retry-After")
     max_queued: int = Field(default=256, ge=1, description="queued jobs in all; past it, 429 with Retry-After")

@@ -4,6 +4,7 @@ the arguments from the command name on) and ``python -m cropi_service {serve,wor
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import sys
@@ -40,8 +41,19 @@ def serve(root: str | Path, host: str = "127.0.0.1", port: int = 8000, token_fil
     settings = ServiceSettings(**fields)
     settings.check_bind()
     configure_logging()
+    app = create_app(settings)
+    settle_process(settings)
+    uvicorn.Server(server_config(settings, app)).run()
+
+
+def settle_process(settings: ServiceSettings) -> None:
+    """What ``cropi serve`` sets in its own process, just before it serves: how often a thread hands the
+    GIL over (``switch_interval_ms``) and, with ``freeze_startup_heap``, the objects made so far (modules,
+    the app) frozen out of the cyclic collector's passes, which hold the GIL and the event loop with it."""
     sys.setswitchinterval(settings.switch_interval_ms / 1000)
-    uvicorn.Server(server_config(settings, create_app(settings))).run()
+    if settings.freeze_startup_heap:
+        gc.collect()
+        gc.freeze()
 
 
 def server_config(settings: ServiceSettings, app: Any) -> "uvicorn.Config":
