@@ -18,9 +18,6 @@ same comparisons as candidates themselves.
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
 
 DEFAULT = "checked"
 RIVALS = ("cropi", "diverse")
@@ -75,18 +72,9 @@ def decide(reports: dict[str, dict]) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--report", action="append", required=True, help="task=path/to/report.json (one per task)")
-    p.add_argument("--out", required=True)
-    a = p.parse_args()
-    reports = {}
-    for item in a.report:
-        task, _, path = item.partition("=")
-        reports[task] = json.loads(Path(path).read_text())
-    result = decide(reports)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    print(json.dumps({k: result[k] for k in ("met", "of", "checked_meets_every_goal", "default")}, indent=1))
+    from selectors_decision import run  # the decision scripts' one command line (a script's folder is on its path)
+
+    run(__doc__, decide, ("met", "of", "checked_meets_every_goal", "default"))
 
 
 if __name__ == "__main__":

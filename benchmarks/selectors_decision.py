@@ -58,8 +58,9 @@ def decide(reports: dict[str, dict]) -> dict:
             "default_meets_rule": rank[0] in meets}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run(doc: str, decide_fn, shown: tuple[str, ...]) -> None:
+    """The decision scripts' command line: ``--report task=path`` per task, ``--out`` for the JSON."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--report", action="append", required=True, help="task=path/to/report.json (one per task)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -67,10 +68,14 @@ def main() -> None:
     for item in a.report:
         task, _, path = item.partition("=")
         reports[task] = json.loads(Path(path).read_text())
-    result = decide(reports)
+    result = decide_fn(reports)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    print(json.dumps({k: result[k] for k in ("wins_of_6", "order", "rule_met_by", "default_selector")}, indent=1))
+    print(json.dumps({k: result[k] for k in shown}, indent=1))
+
+
+def main() -> None:
+    run(__doc__, decide, ("wins_of_6", "order", "rule_met_by", "default_selector"))
 
 
 if __name__ == "__main__":
