@@ -295,6 +295,9 @@ def test_bad_settings_are_refused():
         DemoSettings.make(quick=True, seeds=0)
     with pytest.raises(CropiError, match="methods"):
         DemoSettings.make(methods=("cropi", "nope"))
+    with pytest.raises(CropiError, match="keep 'full'"):
+        DemoSettings.make(methods=("cropi", "oracle"))  # every acceleration is measured against full
+    assert DemoSettings.make(methods=("full", "oracle")).methods == ("full", "oracle")  # a task probe
     with pytest.raises(CropiError, match="pool_size"):
         DemoSettings.make(pool_size=5000)  # beyond the drawn task: splits would overlap the warm-start set
 

@@ -65,7 +65,9 @@ def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = Fals
     configs = [curriculum_config(settings, task, method, seed, model, data)
                for seed in range(settings.seeds) for method in run_order(settings.methods)]
     with _executor(settings.workers) as pool:
-        reference = next(c for c in configs if c.selector == "cropi")
+        # theta_0's collection and scoring serve every method's first stage (and a later run on the folder)
+        reference = next((c for c in configs if c.selector == "cropi"), None) or curriculum_config(
+            settings, task, "cropi", 0, model, data)
         with clock.phase("collect"):
             trajectories = _collect(pool, settings, reference, root, model)
         with clock.phase("score"):

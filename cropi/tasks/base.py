@@ -24,7 +24,8 @@ from cropi.tasks.sampling import TaskSizeError  # noqa: F401 (re-exported with t
 
 POOL, WARMSTART = "pool", "warmstart"
 # name -> "module:attribute"; imported only when asked for
-BUILTIN = {"lists": "cropi.tasks.lists:TASK", "skills": "cropi.tasks.skills:TASK", "scarce": "cropi.tasks.scarce:TASK"}
+BUILTIN = {"lists": "cropi.tasks.lists:TASK", "skills": "cropi.tasks.skills:TASK", "scarce": "cropi.tasks.scarce:TASK",
+           "conflict": "cropi.tasks.conflict:TASK"}
 DEFAULT_TASK = "lists"
 
 Splits = dict[str, list[PromptRecord]]

@@ -7,7 +7,11 @@ temperature) and decides, from the measured noise alone:
 
 - ``reverted``: the objective fell below the stage's best by more than ``z * SE`` (``paired_change``:
   the same prompts and random streams at both checkpoints, the SE from the per-prompt changes'
-  unbiased variance), ``z`` one-sided at ``alpha`` Bonferroni-split over the stage's checks;
+  unbiased variance), ``z`` one-sided at ``alpha`` Bonferroni-split over the stage's checks, *and* a
+  fresh reading of both checkpoints on another random stream confirms it (``confirmed``). The best is
+  the maximum of noisy readings, biased upward (the winner's curse: 24 false reversals on `skills` in
+  issue 32's first round); the fresh pair was not selected, so its test errs at the stated rate.
+  A screen the fresh pair does not confirm is ``unconfirmed`` and the part is kept;
 - ``widened``: the part's share of all-equal reward groups (zero gradient) exceeds the pool's expected
   share (``flat_share``) by more than ``z_{1-alpha}`` binomial standard errors;
 - ``kept`` otherwise. The sample size follows from the noise it must resolve (``sample_size``).
@@ -17,6 +21,7 @@ Only validation sets are read, never test splits. docs/demo.md states the design
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import time
@@ -140,6 +145,21 @@ def judge(values: Mapping[str, np.ndarray], best: Mapping[str, np.ndarray], z: f
     return Verdict(objective(values), change, se, margin, "reverted" if change < -margin else "kept")
 
 
+def confirmed(screen: Verdict, fresh: Verdict) -> Verdict:
+    """The screen's verdict, a reversal only if the fresh reading's own test (``judge`` on a new stream)
+    reverts too; else ``unconfirmed`` (the part is kept)."""
+    if screen.action != "reverted" or fresh.action == "reverted":
+        return screen
+    return Verdict(screen.value, screen.change, screen.se, screen.margin, "unconfirmed")
+
+
+def stream_seed(seed: int, stream: str) -> int:
+    """The sampling seed of a named random stream of a check's seed ('' : the seed itself)."""
+    if not stream:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"cropi.check:{seed}:{stream}".encode()).digest()[:4], "little")
+
+
 class ValidationSample:
     """A fixed sample of each validation set's prompts, measured at a checkpoint with the same random
     stream every time (the draws are seeded by the check's seed and each prompt's id)."""
@@ -160,8 +180,9 @@ class ValidationSample:
         return {k: len(v) for k, v in self.records.items()}
 
     def measure(self, checkpoint: str, *, reward: str, temperature: float, max_new_tokens: int,
-                device: str = "cpu") -> tuple[dict[str, np.ndarray], float]:
-        """Per set, each prompt's pass rate over ``samples`` draws at ``checkpoint``; and the seconds it took."""
+                device: str = "cpu", stream: str = "") -> tuple[dict[str, np.ndarray], float]:
+        """Per set, each prompt's pass rate over ``samples`` draws at ``checkpoint`` on the named random
+        ``stream`` (``stream_seed``); and the seconds it took."""
         from cropi.generation.base import SamplingConfig
         from cropi.generation.hf import HFBackend
         from cropi.generation.prompting import render_prompt
@@ -171,7 +192,7 @@ class ValidationSample:
         backend = HFBackend(checkpoint, device=device, max_batch_rows=512)
         fn = get_reward(reward)
         cfg = SamplingConfig(samples=self.samples, temperature=temperature, max_new_tokens=max_new_tokens,
-                             seed=self.seed)
+                             seed=stream_seed(self.seed, stream))
         out = {}
         try:
             for name, recs in self.records.items():

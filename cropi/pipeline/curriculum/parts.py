@@ -220,6 +220,8 @@ class _Stage:
     def _decide(self, entry: dict, first: bool = False) -> None:
         best = self._best()
         verdict = chk.judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]), self.plan["z"])
+        if verdict.action == "reverted":  # the screen fired: read both again on a fresh stream
+            verdict = chk.confirmed(verdict, self._confirm(entry, best))
         entry |= verdict.record()
         if first:
             entry["action"] = f"race_won+{verdict.action}"
@@ -228,7 +230,7 @@ class _Stage:
             if not first:                   # winner keeps its arm: the loser measured worse still)
                 arm = self.arms[1] if arm == self.arms[0] else self.arms[0]
             checkpoint = best["checkpoint"]
-        else:
+        else:  # kept, or a screen the fresh reading did not confirm
             checkpoint = entry["checkpoint"]
             if verdict.value > chk.objective(chk.from_lists(best["values"])):
                 self.record["start"]["best"] = {"part": entry["index"], "checkpoint": checkpoint,
@@ -242,6 +244,18 @@ class _Stage:
         self.record["parts"].append(entry)
         self.state.save()
 
+    def _confirm(self, entry: dict, best: dict) -> chk.Verdict:
+        """Both checkpoints read on a stream of their own (this stage and part), judged as the screen was;
+        the readings go into the part's record (``confirm``) and their seconds into its checks'."""
+        stream = f"confirm:{self.m}:{entry['index']}"
+        mine, s1 = self._measure(entry["checkpoint"], stream)
+        theirs, s2 = self._measure(best["checkpoint"], stream)
+        fresh = chk.judge(mine, theirs, self.plan["z"])
+        entry["confirm"] = fresh.record() | {"stream": stream, "values": chk.as_lists(mine),
+                                             "best_values": chk.as_lists(theirs), "best_part": best["part"]}
+        entry["check_s"] = round(entry["check_s"] + s1 + s2, 3)
+        return fresh
+
     def _current(self) -> dict:
         return self.record["start"]["current"]
 
@@ -253,8 +267,8 @@ class _Stage:
         parts = [*self.record.get("race", []), *self.record["parts"][1 if self.races else 0:]]
         return start + sum(e["steps"] for e in parts)
 
-    def _measure(self, checkpoint: str):
-        return self.sample.measure(checkpoint, device=_device(self.config), **self.sampling)
+    def _measure(self, checkpoint: str, stream: str = ""):
+        return self.sample.measure(checkpoint, device=_device(self.config), stream=stream, **self.sampling)
 
     def _subset(self, arm: str, fraction: float) -> Path:
         stage = self.state.stage(self.m)

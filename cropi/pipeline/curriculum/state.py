@@ -111,10 +111,16 @@ def check_summary(stage: dict) -> dict:
     keys = ("index", "arm", "fraction", "steps", "objective", "change", "se", "margin", "action", "zero_share",
             "widened", "race", "n_prompts")
     start, end = record.get("start", {}), record.get("end", {})
+
+    def check(e: dict) -> dict:  # a screen's fresh reading, when it fired: its change, SE, margin, verdict
+        fresh = e.get("confirm")
+        return {k: e.get(k) for k in keys} | ({"confirm": {k: fresh.get(k) for k in (
+            "objective", "change", "se", "margin", "action", "stream", "best_part")}} if fresh else {})
+
     return {"checked": True, "plan": {k: v for k, v in record.get("plan", {}).items() if k != "variance"},
             "start": {"arm": start.get("arm"), "fraction": start.get("fraction"), "objective": start.get("objective")},
-            "race": [{k: e.get(k) for k in keys} for e in record.get("race", [])],
-            "parts": [{k: e.get(k) for k in keys} for e in record.get("parts", [])],
+            "race": [check(e) for e in record.get("race", [])],
+            "parts": [check(e) for e in record.get("parts", [])],
             "end": {k: end.get(k) for k in ("arm", "fraction", "objective", "change", "margin", "cases")}}
 
 
