@@ -37,8 +37,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import collect_trajectories, environment, interleaved, load_model, write_json  # noqa: E402
-from throughput import plain_fwd_bwd  # noqa: E402
+from common import collect_trajectories, environment, interleaved, load_model, plain_fwd_bwd, write_json  # noqa: E402
 
 from cropi.demo.assets import shipped_model, task_splits  # noqa: E402
 from cropi.gradients import LossOptions, make_computer  # noqa: E402

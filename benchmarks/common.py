@@ -142,3 +142,21 @@ def interleaved(fns: dict, items: list, chunk: int) -> dict[str, list[float]]:
             fns[name](part)
             seconds[name].append(time.perf_counter() - s)
     return seconds
+
+
+def plain_fwd_bwd(model, traj, budget: int, pad_id: int) -> None:
+    """The reference every scoring speed is measured against: forward and backward over the prompt's
+    micro-batches with a trivial loss (the responses' summed log-probs), every weight gradient formed,
+    on the model's device."""
+    from cropi.gradients.batching import build_micro_batch, plan_micro_batches
+
+    device = next(model.parameters()).device
+    lengths = [len(traj.prompt_token_ids) + len(r) for r in traj.responses]
+    for idx in plan_micro_batches(lengths, budget):
+        mb = build_micro_batch(list(traj.prompt_token_ids), traj.responses, traj.behavior_logprobs, idx, pad_id)
+        out = model(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device),
+                    position_ids=mb.position_ids.to(device), logits_to_keep=mb.targets.shape[1] + 1, use_cache=False)
+        targets = mb.targets.to(device)
+        logp = torch.log_softmax(out.logits[:, :-1].float(), -1).gather(-1, targets[..., None]).squeeze(-1)
+        (-(logp * mb.response_mask.to(device)).sum()).backward()
+    model.zero_grad(set_to_none=True)

@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, interleaved, load_model, small_model, synthetic_trajectories, write_json  # noqa: E402
+from common import (environment, interleaved, load_model, plain_fwd_bwd, small_model, synthetic_trajectories,  # noqa: E402
+                    write_json)
 
 from cropi.gradients import LossOptions, make_computer  # noqa: E402
-from cropi.gradients.batching import build_micro_batch, plan_micro_batches  # noqa: E402
 from cropi.projection import ProjectionSpec, make_projector  # noqa: E402
 from cropi.projection.spec import DEFAULT_FACTOR  # noqa: E402
 
@@ -37,16 +37,6 @@ CHUNK = 8  # prompts per factored call (and per round of the interleaving)
 GOALS = {"factored_over_plain_at_most": 0.75, "sjlt_over_factored_at_least": 1.5}
 
 
-def plain_fwd_bwd(model, traj, budget: int, pad_id: int) -> None:
-    """Forward and backward over the prompt's micro-batches with a trivial loss."""
-    lengths = [len(traj.prompt_token_ids) + len(r) for r in traj.responses]
-    for idx in plan_micro_batches(lengths, budget):
-        mb = build_micro_batch(list(traj.prompt_token_ids), traj.responses, traj.behavior_logprobs, idx, pad_id)
-        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                    logits_to_keep=mb.targets.shape[1] + 1, use_cache=False)
-        logp = torch.log_softmax(out.logits[:, :-1].float(), -1).gather(-1, mb.targets[..., None]).squeeze(-1)
-        (-(logp * mb.response_mask).sum()).backward()
-    model.zero_grad(set_to_none=True)
 
 
 def computer(model_path: str, spec: ProjectionSpec):

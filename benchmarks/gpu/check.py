@@ -41,11 +41,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import environment, write_json  # noqa: E402
+from common import environment, plain_fwd_bwd, write_json  # noqa: E402
 
 from cropi.errors import InvalidInputError  # noqa: E402
 from cropi.gradients import GradientComputer, LossOptions, make_computer  # noqa: E402
-from cropi.gradients.batching import build_micro_batch, plan_micro_batches  # noqa: E402
 from cropi.gradients.options import ModelOptions  # noqa: E402
 from cropi.projection import ProjectionSpec, make_projector  # noqa: E402
 from cropi.projection import tensorsketch  # noqa: E402
@@ -101,18 +100,6 @@ def trajectories(n: int, vocab: int, responses: int, tokens: int, prompt_tokens:
     return out
 
 
-def plain_fwd_bwd(model, traj, budget: int, pad_id: int) -> None:
-    """Forward and backward over the prompt's micro-batches, every weight gradient formed (the reference)."""
-    device = next(model.parameters()).device
-    lengths = [len(traj.prompt_token_ids) + len(r) for r in traj.responses]
-    for idx in plan_micro_batches(lengths, budget):
-        mb = build_micro_batch(list(traj.prompt_token_ids), traj.responses, traj.behavior_logprobs, idx, pad_id)
-        out = model(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device),
-                    position_ids=mb.position_ids.to(device), logits_to_keep=mb.targets.shape[1] + 1, use_cache=False)
-        targets = mb.targets.to(device)
-        logp = torch.log_softmax(out.logits[:, :-1].float(), -1).gather(-1, targets[..., None]).squeeze(-1)
-        (-(logp * mb.response_mask.to(device)).sum()).backward()
-    model.zero_grad(set_to_none=True)
 
 
 def set_grad(model, on: bool) -> None:
