@@ -287,6 +287,66 @@ def test_a_lucky_best_reading_does_not_revert_a_plateau(setup, monkeypatch):
     assert sorted({s for s in streams if s}) == [f"confirm:0:{j}" for j in (1, 2, 3)]  # one fresh stream a screen
 
 
+def test_a_best_chosen_on_the_checks_prompts_is_confirmed_on_prompts_it_was_not_chosen_on(setup, monkeypatch):
+    """Round 2's flaw: the model does not change, but the first part's checkpoint reads +0.2 on the check's
+    own prompts on *any* stream (a checkpoint x prompt effect: what it was chosen for). Confirming on those
+    prompts reverts (wrongly); confirming on held-out prompts keeps every part."""
+    def biased(self, checkpoint, stream="", **_):
+        values, s = _scripted(self, checkpoint)
+        _, lineage = _read(checkpoint)
+        on_check_prompts = self is biased.check_sample
+        luck = 0.2 if lineage == 2 and on_check_prompts else 0.0
+        return {k: np.clip(v + luck, 0, 1) for k, v in values.items()}, s
+
+    draw_pair = chk.ValidationSample.draw_pair
+
+    def remember(*a, **k):
+        pair = draw_pair(*a, **k)
+        biased.check_sample = pair[0]
+        return pair
+
+    monkeypatch.setattr(chk.ValidationSample, "draw_pair", remember)
+    monkeypatch.setattr(chk.ValidationSample, "measure", biased)
+    actions = {}
+    for on in ("check_prompts", "held_out_prompts"):
+        trainer = PartTrainer(step=0.0)
+        monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: trainer)
+        config = make_config(setup, name=f"check-biased-{on}", stages=1, steps_per_stage=8,
+                             check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False, "confirm_on": on})
+        parts = _check(run_curriculum(config, root=setup["root"]), 0)["parts"]
+        actions[on] = [e["action"] for e in parts]
+        assert all(e["confirm"]["on"] == on for e in parts[1:] if "confirm" in e)
+    assert actions["check_prompts"][1] == "reverted"
+    assert actions["held_out_prompts"] == ["kept", "unconfirmed", "unconfirmed", "unconfirmed"]
+
+
+def test_the_confirmation_sample_is_disjoint_from_the_checks_and_drawn_once():
+    from cropi.data import PromptRecord
+
+    sets = {name: [PromptRecord(prompt_id=f"{name}-{i}", prompt="q", answer="1") for i in range(size)]
+            for name, size in (("a", 10), ("b", 7))}
+    check, held = chk.ValidationSample.draw_pair(sets, 4, seed=3, samples=2)
+    again, held_again = chk.ValidationSample.draw_pair(sets, 4, seed=3, samples=2)
+    plain = chk.ValidationSample.draw(sets, 4, seed=3, samples=2)
+    for name in sets:
+        ids = [r.prompt_id for r in check.records[name]]
+        assert ids == [r.prompt_id for r in plain.records[name]]  # the check's sample is round 2's
+        assert not set(ids) & {r.prompt_id for r in held.records[name]}
+        assert [r.prompt_id for r in held.records[name]] == [r.prompt_id for r in held_again.records[name]]
+    assert held.size() == {"a": 4, "b": 3}  # what is left of a set smaller than 2n
+
+
+def test_a_set_that_holds_the_check_but_not_its_confirmation_runs_unchecked_and_says_why(setup, monkeypatch):
+    trainer = PartTrainer()
+    result = _run(setup, monkeypatch, trainer, "check-half", check={"parts": 4, "samples": 2, "resolve": 0.5})
+    state = json.loads((Path(setup["root"]) / "curricula" / "check-half" / "state.json").read_text())
+    n = state["stages"][0]["check"]["plan"]["prompts_per_set"]
+    assert 3 < n <= 6 < 2 * n  # the setup's validation sets hold 6 prompts: enough to check, not to confirm
+    reason = _check(result, 0)["reason"]
+    assert f"needs {2 * n} prompts a set" in reason and f"{n} to confirm a fall" in reason
+    assert len([c for c in trainer.calls if c["stage"] == 0]) == 1  # trained whole, unchecked
+
+
 def test_a_killed_curriculum_resumes_inside_a_checked_stage_without_repeating_a_decision(setup, monkeypatch):
     crashing = PartTrainer(crash_at=4)
     with pytest.raises(RuntimeError, match="simulated crash"):

@@ -8,10 +8,13 @@ temperature) and decides, from the measured noise alone:
 - ``reverted``: the objective fell below the stage's best by more than ``z * SE`` (``paired_change``:
   the same prompts and random streams at both checkpoints, the SE from the per-prompt changes'
   unbiased variance), ``z`` one-sided at ``alpha`` Bonferroni-split over the stage's checks, *and* a
-  fresh reading of both checkpoints on another random stream confirms it (``confirmed``). The best is
-  the maximum of noisy readings, biased upward (the winner's curse: 24 false reversals on `skills` in
-  issue 32's first round); the fresh pair was not selected, so its test errs at the stated rate.
-  A screen the fresh pair does not confirm is ``unconfirmed`` and the part is kept;
+  fresh reading of both checkpoints confirms it (``confirmed``): on another random stream and on
+  validation prompts the check never read (``ValidationSample.draw_pair``). The best is chosen by its
+  readings, so they are biased upward (the winner's curse: 24 false reversals on `skills` in issue 32's
+  first round); a fresh stream alone left the bias of the prompts it was chosen on (round 2: 17 of 20
+  confirmed reversals against a stage start chosen on the same prompts). Neither was chosen on the
+  fresh pair, so its test errs at the stated rate. A screen the fresh pair does not confirm is
+  ``unconfirmed`` and the part is kept;
 - ``widened``: the part's share of all-equal reward groups (zero gradient) exceeds the pool's expected
   share (``flat_share``) by more than ``z_{1-alpha}`` binomial standard errors;
 - ``kept`` otherwise. The sample size follows from the noise it must resolve (``sample_size``).
@@ -27,7 +30,7 @@ import random
 import time
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Mapping, Optional, Sequence
+from typing import Literal, Mapping, Optional, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -53,6 +56,10 @@ class CheckOptions(BaseModel):
     fallback: SelectorName = Field(FALLBACK_SELECTOR, description="the second arm: the selector a stage falls back to")
     race: bool = Field(True, description="stage 0's first part trains both arms and keeps the better")
     widen: bool = Field(True, description="double the selected fraction when the subset saturates")
+    confirm_on: Literal["held_out_prompts", "check_prompts"] = Field(
+        "held_out_prompts", description="what a fall is confirmed on (on a fresh random stream either way): "
+                                        "validation prompts the check never read (a set needs twice the sample), "
+                                        "or the check's own prompts (issue 32's revision 2)")
 
 
 def z_value(p: float) -> float:
@@ -175,6 +182,19 @@ class ValidationSample:
             recs = sorted(recs, key=lambda r: r.prompt_id)
             chosen[name] = random.Random(f"cropi.check:{seed}:{name}").sample(recs, min(n, len(recs)))
         return cls(chosen, seed, samples)
+
+    @classmethod
+    def draw_pair(cls, sets: Mapping[str, list], n: int, seed: int,
+                  samples: int) -> tuple["ValidationSample", "ValidationSample"]:
+        """The check's sample (``draw``) and a disjoint one of up to ``n`` prompts a set from the rest of each
+        set, drawn from its own seed: what a fall is confirmed on."""
+        check = cls.draw(sets, n, seed, samples)
+        held_out = {}
+        for name, recs in sorted(sets.items()):
+            used = {r.prompt_id for r in check.records[name]}
+            rest = sorted((r for r in recs if r.prompt_id not in used), key=lambda r: r.prompt_id)
+            held_out[name] = random.Random(f"cropi.check.confirm:{seed}:{name}").sample(rest, min(n, len(rest)))
+        return check, cls(held_out, seed, samples)
 
     def size(self) -> dict[str, int]:
         return {k: len(v) for k, v in self.records.items()}

@@ -82,13 +82,15 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
     plan = {"steps": steps, "z": round(z, 6), "variance": variance, "prompts_per_set": n, "samples": opts.samples,
             "arms": [config.selector, opts.fallback], "rollouts": trainer.options.rollouts,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
-    short = {name: size for name, size in sizes.items() if size < n}
+    needed = 2 * n if opts.confirm_on == "held_out_prompts" else n  # n read at every check, n to confirm
+    short = {name: size for name, size in sizes.items() if size < needed}
     doc = {"plan": plan, "parts": []}
     if short:
         doc["unchecked"] = (f"validation sets {', '.join(f'{k} ({v} prompts)' for k, v in sorted(short.items()))} "
                             f"are too small to resolve a fall of {opts.resolve} at alpha {opts.alpha}: the check "
-                            f"needs {n} prompts a set at {opts.samples} samples each (more samples a prompt also "
-                            "serve); this stage runs unchecked")
+                            f"needs {needed} prompts a set at {opts.samples} samples each"
+                            + (f" ({n} read at every check, {n} to confirm a fall)" if needed > n else "")
+                            + " (more samples a prompt also serve); this stage runs unchecked")
     return doc
 
 
@@ -101,8 +103,10 @@ class _Stage:
         self.arms = self.plan["arms"]
         # stage 0 races the two arms over its first part, which needs a second part to go on with
         self.races = self.opts.race and m == 0 and self.arms[0] != self.arms[1] and len(self.plan["steps"]) >= 2
-        self.sample = chk.ValidationSample.draw({n: load_prompts(p) for n, p in config.validation.items()},
-                                                self.plan["prompts_per_set"], config.seed, self.plan["samples"])
+        self.sample, held_out = chk.ValidationSample.draw_pair(
+            {n: load_prompts(p) for n, p in config.validation.items()}, self.plan["prompts_per_set"], config.seed,
+            self.plan["samples"])
+        self.confirm_sample = held_out if self.opts.confirm_on == "held_out_prompts" else self.sample
         options = trainer.options
         self.sampling = {"reward": config.reward, "temperature": options.temperature,
                          "max_new_tokens": options.max_new_tokens}
@@ -245,13 +249,15 @@ class _Stage:
         self.state.save()
 
     def _confirm(self, entry: dict, best: dict) -> chk.Verdict:
-        """Both checkpoints read on a stream of their own (this stage and part), judged as the screen was;
-        the readings go into the part's record (``confirm``) and their seconds into its checks'."""
+        """Both checkpoints read on a stream of their own (this stage and part) and on the confirmation's
+        prompts (``confirm_on``), judged as the screen was; the readings go into the part's record
+        (``confirm``) and their seconds into its checks'."""
         stream = f"confirm:{self.m}:{entry['index']}"
-        mine, s1 = self._measure(entry["checkpoint"], stream)
-        theirs, s2 = self._measure(best["checkpoint"], stream)
+        mine, s1 = self._measure(entry["checkpoint"], stream, self.confirm_sample)
+        theirs, s2 = self._measure(best["checkpoint"], stream, self.confirm_sample)
         fresh = chk.judge(mine, theirs, self.plan["z"])
-        entry["confirm"] = fresh.record() | {"stream": stream, "values": chk.as_lists(mine),
+        entry["confirm"] = fresh.record() | {"stream": stream, "on": self.opts.confirm_on,
+                                             "prompts": self.confirm_sample.size(), "values": chk.as_lists(mine),
                                              "best_values": chk.as_lists(theirs), "best_part": best["part"]}
         entry["check_s"] = round(entry["check_s"] + s1 + s2, 3)
         return fresh
@@ -267,8 +273,9 @@ class _Stage:
         parts = [*self.record.get("race", []), *self.record["parts"][1 if self.races else 0:]]
         return start + sum(e["steps"] for e in parts)
 
-    def _measure(self, checkpoint: str, stream: str = ""):
-        return self.sample.measure(checkpoint, device=_device(self.config), stream=stream, **self.sampling)
+    def _measure(self, checkpoint: str, stream: str = "", sample: chk.ValidationSample | None = None):
+        return (sample or self.sample).measure(checkpoint, device=_device(self.config), stream=stream,
+                                               **self.sampling)
 
     def _subset(self, arm: str, fraction: float) -> Path:
         stage = self.state.stage(self.m)

@@ -115,7 +115,7 @@ def check_summary(stage: dict) -> dict:
     def check(e: dict) -> dict:  # a screen's fresh reading, when it fired: its change, SE, margin, verdict
         fresh = e.get("confirm")
         return {k: e.get(k) for k in keys} | ({"confirm": {k: fresh.get(k) for k in (
-            "objective", "change", "se", "margin", "action", "stream", "best_part")}} if fresh else {})
+            "objective", "change", "se", "margin", "action", "stream", "on", "prompts", "best_part")}} if fresh else {})
 
     return {"checked": True, "plan": {k: v for k, v in record.get("plan", {}).items() if k != "variance"},
             "start": {"arm": start.get("arm"), "fraction": start.get("fraction"), "objective": start.get("objective")},
