@@ -9,7 +9,8 @@ curriculum resumes at the part it was in without repeating or losing a decision:
              expected share of all-equal groups, the two arms (primary selector, fallback)
     start    the arm and fraction the stage begins with, its checkpoint and objective
     race     stage 0: the first part trained with each arm from theta_0 (the better goes on)
-    parts    per part: arm, fraction, steps, checkpoint, the check's reading and action
+    parts    per part: arm, fraction, steps, checkpoint, the check's reading and action (and, when
+             the screen fired, its confirmation on held-out prompts and a fresh stream: `confirm`)
     end      the stage's checkpoint, objective, case(s), the arm and fraction later stages take
 
 Steps are counted as spent: every trained part counts, a reverted one and the race's loser included,
