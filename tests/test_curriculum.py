@@ -21,6 +21,7 @@ from cropi.pipeline import score
 from cropi.selection import DEFAULT_SELECTOR, SelectionInputs, select
 from cropi.pipeline.curriculum import (CurriculumConfig, CurriculumConfigError, CurriculumConflictError,
                                        run_curriculum, stage_seed)
+from cropi.pipeline.curriculum.check import CheckOptions
 from cropi.store import GradientStore, TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 from support.curriculum import FRACTION, POOL, REWARD, FakeTrainer, build_setup, make_config, use_trainer
@@ -228,6 +229,12 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
                                              backend_options={"max_batch_rows": 8}),
         projection=dict(kind="sjlt", dim=64, kept_fraction=0.1), gradient_dtype="float32"))
     assert cfg.resume_key() == "33b13f976f82e4b9"
+    # a curriculum with the check off, started before ``check.confirm_on`` existed (computed at 7d54023):
+    # the demo's unchecked methods resume under issue 32's revision 3
+    off = cfg.model_copy(update={"check": CheckOptions(enabled=False, samples=8)})
+    assert off.resume_key() == "d5ca290d348b234d"
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, confirm_on="check_prompts")}
+                          ).resume_key() != "d5ca290d348b234d"  # a choice other than the default is part of the key
     here = Path(__file__).resolve().parent
     cfg = CurriculumConfig.model_validate(dict(
         name="pinned", model=str(build_tiny_model(tmp_path / "m", seed=0)),
