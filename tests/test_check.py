@@ -163,9 +163,10 @@ class PartTrainer:
     name = "parts"
     runs_in_parts = True
 
-    def __init__(self, *, turn=10**9, step=0.01, drop=0.05, crash_at=None):
+    def __init__(self, *, turn=10**9, step=0.01, drop=0.05, crash_at=None, fallback_drop=None):
         self.options = LeanOptions(batch_prompts=4, rollouts=8, max_new_tokens=6)
         self.turn, self.step, self.drop, self.crash_at = turn, step, drop, crash_at
+        self.fallback_drop = fallback_drop  # the fallback's subset hurts too (-fallback_drop a step)
         self.calls: list[dict] = []
 
     def train_stage(self, *, model, subset, out_dir, steps, seed, stage, reward) -> StageResult:
@@ -176,7 +177,10 @@ class PartTrainer:
         quality, lineage = _read(model)
         for _ in range(steps):
             lineage += 1
-            quality += 2 * self.step if arm == "diverse" else self.step if lineage <= self.turn else -self.drop
+            if arm == "diverse":
+                quality += 2 * self.step if self.fallback_drop is None else -self.fallback_drop
+            else:
+                quality += self.step if lineage <= self.turn else -self.drop
         out = Path(out_dir)
         ckpt = out / "checkpoint"
         shutil.copytree(model, ckpt, ignore=shutil.ignore_patterns("quality.json"))
@@ -259,6 +263,26 @@ def test_a_reversal_restores_the_best_checkpoint_and_switches_arm(setup, monkeyp
     fresh = record["parts"][j]["confirm"]  # the fall was read again on a fresh stream, and held there
     assert fresh["action"] == "reverted" and fresh["stream"] == f"confirm:0:{j}" and fresh["change"] < 0
     assert "reversed" in _check(result, 0)["end"]["cases"]
+
+
+def test_when_both_arms_fall_from_one_checkpoint_the_stage_widens(setup, monkeypatch):
+    """Both subsets hurt from the start: the first fall switches arm at the same fraction, the second (the other
+    arm, back to the same checkpoint) doubles the fraction; a single arm's fall never widens."""
+    trainer = PartTrainer(turn=0, drop=0.2, fallback_drop=0.2)
+    result = _run(setup, monkeypatch, trainer, "check-both-fell",
+                  check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False})
+    parts = _check(result, 0)["parts"]
+    fraction = parts[0]["fraction"]
+    assert [(e["arm"], e["action"]) for e in parts[:2]] == [("cropi", "reverted"), ("diverse", "reverted")]
+    assert parts[0]["widened"] is None  # one arm fell: switch arm, same fraction
+    assert parts[1]["widened"] == min(1.0, 2 * fraction) and parts[1]["widened_by"] == "both_arms_fell"
+    assert trainer.calls[2]["arm"] == "cropi" and f"cropi-{min(1.0, 2 * fraction):g}" in trainer.calls[2]["subset"]
+    assert trainer.calls[2]["model"] == trainer.calls[0]["model"]  # from the checkpoint both fell from
+    assert "both_arms_fell" in _check(result, 0)["end"]["cases"]
+    reverts = PartTrainer(turn=3, drop=0.2)  # only the primary falls: no widening (the reversal test's case)
+    parts = _check(_run(setup, monkeypatch, reverts, "check-one-fell",
+                        check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False}), 0)["parts"]
+    assert not any(e.get("widened_by") == "both_arms_fell" for e in parts)
 
 
 def test_a_lucky_best_reading_does_not_revert_a_plateau(setup, monkeypatch):

@@ -41,7 +41,7 @@ def check_records(runs: list[dict]) -> dict:
 
 
 def stage_cases(records: dict) -> dict:
-    """method -> stage -> how many seeds saw each case (helped, reversed, saturated, flat)."""
+    """method -> stage -> how many seeds saw each case (helped, reversed, saturated, both_arms_fell, flat)."""
     out: dict = {}
     for method, seeds in records.items():
         by_stage: dict = defaultdict(Counter)
@@ -96,7 +96,8 @@ def markdown_lines(report: dict) -> list[str]:
     lines = ["## The checked stages", "",
              "Each stage of the checked method trains in parts; after each the validation objective is measured "
              "and the stage keeps going, falls back (`reversed`: restored its best checkpoint and switched arm) or "
-             "widens its fraction (`saturated`). `helped`: the stage ended above its start by more than the "
+             "widens its fraction (`saturated`; `both_arms_fell`: both arms fell from one checkpoint). "
+             "`helped`: the stage ended above its start by more than the "
              "check's margin. Seeds per case:", "",
              "| method | stage | cases | arms at the end | fraction at the end |", "|---|---|---|---|---|"]
     for method, by_stage in cases.items():

@@ -16,7 +16,9 @@ temperature) and decides, from the measured noise alone:
   fresh pair, so its test errs at the stated rate. A screen the fresh pair does not confirm is
   ``unconfirmed`` and the part is kept;
 - ``widened``: the part's share of all-equal reward groups (zero gradient) exceeds the pool's expected
-  share (``flat_share``) by more than ``z_{1-alpha}`` binomial standard errors;
+  share (``flat_share``) by more than ``z_{1-alpha}`` binomial standard errors; or both arms have now
+  fallen (confirmed) from the same checkpoint, which is evidence against the fraction, not against one arm
+  (parts.py);
 - ``kept`` otherwise. The sample size follows from the noise it must resolve (``sample_size``).
 
 Only validation sets are read, never test splits. docs/demo.md states the design and why.

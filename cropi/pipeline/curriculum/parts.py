@@ -169,8 +169,10 @@ class _Stage:
         values = last["values"] if last else self._best()["values"]
         final = chk.judge(chk.from_lists(values), chk.from_lists(start["values"]), self.plan["z"])
         actions = [e["action"] for e in self.record["parts"]]
-        cases = [c for c, hit in (("reversed", "reverted" in actions), ("saturated", any(e.get("widened") for e in
-                 self.record["parts"])), ("helped", final.change > final.margin)) if hit] or ["flat"]
+        widened_by = {e.get("widened_by", "saturation") for e in self.record["parts"] if e.get("widened")}
+        cases = [c for c, hit in (("reversed", "reverted" in actions), ("saturated", "saturation" in widened_by),
+                                  ("both_arms_fell", "both_arms_fell" in widened_by),
+                                  ("helped", final.change > final.margin)) if hit] or ["flat"]
         return {"checkpoint": cur["checkpoint"], "arm": cur["arm"], "fraction": cur["fraction"], "values": values,
                 "objective": round(final.value, 6), "change": round(final.change, 6), "margin": round(final.margin, 6),
                 "cases": cases}
@@ -235,6 +237,9 @@ class _Stage:
             if not first:                   # winner keeps its arm: the loser measured worse still)
                 arm = self.arms[1] if arm == self.arms[0] else self.arms[0]
             checkpoint = best["checkpoint"]
+            if self._both_arms_fell(entry, checkpoint) and fraction < 1:  # against the fraction, not an arm
+                fraction = min(1.0, 2 * fraction)
+                entry["widened"], entry["widened_by"] = fraction, "both_arms_fell"
         else:  # kept, or a screen the fresh reading did not confirm
             checkpoint = entry["checkpoint"]
             if verdict.value > chk.objective(chk.from_lists(best["values"])):
@@ -243,11 +248,17 @@ class _Stage:
             if (self.opts.widen and fraction < 1 and entry.get("zero_share") is not None
                     and self.plan["pool_flat_share"] is not None and chk.saturated(entry["zero_share"], entry["groups"], self.plan["pool_flat_share"], self.opts)):
                 fraction = min(1.0, 2 * fraction)
-                entry["widened"] = fraction
+                entry["widened"], entry["widened_by"] = fraction, "saturation"
         entry["then"] = {"arm": arm, "fraction": fraction, "checkpoint": checkpoint}
         self.record["start"]["current"] = entry["then"]
         self.record["parts"].append(entry)
         self.state.save()
+
+    def _both_arms_fell(self, entry: dict, checkpoint: str) -> bool:
+        """Whether the other arm has already fallen below this same best checkpoint in this stage (a confirmed
+        reversal back to it): both arms then measured worse than where they started, at this fraction."""
+        return any("reverted" in e["action"] and e["arm"] != entry["arm"] and e["fraction"] == entry["fraction"]
+                   and e["then"]["checkpoint"] == checkpoint for e in self.record["parts"])
 
     def _confirm(self, entry: dict, best: dict) -> chk.Verdict:
         """Both checkpoints read on a stream of their own (this stage and part) and on the confirmation's

@@ -109,7 +109,7 @@ def check_summary(stage: dict) -> dict:
     if not trained.get("checked"):
         return {"checked": False, "reason": trained.get("unchecked") or record.get("unchecked")}
     keys = ("index", "arm", "fraction", "steps", "objective", "change", "se", "margin", "action", "zero_share",
-            "widened", "race", "n_prompts")
+            "widened", "widened_by", "race", "n_prompts")
     start, end = record.get("start", {}), record.get("end", {})
 
     def check(e: dict) -> dict:  # a screen's fresh reading, when it fired: its change, SE, margin, verdict
