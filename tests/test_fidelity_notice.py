@@ -41,17 +41,12 @@ def test_notice_for_an_unmeasured_size_names_the_benchmark_and_none_for_a_measur
 
 
 def test_cropi_rank_prints_the_notice_for_an_unmeasured_spec(tmp_path, capsys):
-    from support.golden import COLLECT, GOLDEN, MODEL, cli
+    from support.golden import rank_through_cli, store_through_cli
 
-    for split in ("pool", "val_a"):
-        cli("collect", "--model", str(MODEL), "--prompts", str(GOLDEN / f"{split}.jsonl"),
-            "--out", str(tmp_path / split), *COLLECT)
-        cli("gradients", "--model", str(MODEL), "--trajectories", str(tmp_path / split), "--store",
-            str(tmp_path / "store"), "--split", split, "--name", "g", "--projection-kind", "tensorsketch",
-            "--projection-dim", "512", "--dtype", "float32")
+    store = store_through_cli(tmp_path, "--projection-kind", "tensorsketch", "--projection-dim", "512",
+                              "--dtype", "float32")
     capsys.readouterr()
-    ranked = cli("rank", "--store", str(tmp_path / "store"), "--name", "g", "--pool", "pool",
-                 "--validation", "val_a", "--top-fraction", "0.25")
+    ranked = rank_through_cli(store)
     err = capsys.readouterr().err
     spec = ProjectionSpec(kind="tensorsketch", dim=512)
     assert ranked["meta"]["spec_id"] == spec.spec_id and ranked["rows"]  # the spec is used
@@ -63,20 +58,15 @@ def test_cropi_rank_prints_the_notice_for_an_unmeasured_spec(tmp_path, capsys):
 def test_scoring_defaults_to_the_measured_spec_and_each_ranking_records_it(tmp_path, capsys):
     """No projection named: the gradients job and the ranking use DEFAULT_SPEC, whose fidelity is measured;
     the ranking's meta names the spec and the result that measured it, and no notice is printed."""
-    from support.golden import COLLECT, GOLDEN, MODEL, cli
+    from support.golden import rank_through_cli, store_through_cli
 
     from cropi.pipeline.requests import ScoreRequest
     from cropi.projection.spec import DEFAULT_SPEC
 
     assert ScoreRequest.model_fields["projection"].default == DEFAULT_SPEC and measured(DEFAULT_SPEC)
-    for split in ("pool", "val_a"):
-        cli("collect", "--model", str(MODEL), "--prompts", str(GOLDEN / f"{split}.jsonl"),
-            "--out", str(tmp_path / split), *COLLECT)
-        cli("gradients", "--model", str(MODEL), "--trajectories", str(tmp_path / split), "--store",
-            str(tmp_path / "store"), "--split", split, "--name", "g", "--dtype", "float32")
+    store = store_through_cli(tmp_path, "--dtype", "float32")
     capsys.readouterr()
-    ranked = cli("rank", "--store", str(tmp_path / "store"), "--name", "g", "--pool", "pool",
-                 "--validation", "val_a", "--top-fraction", "0.25")
+    ranked = rank_through_cli(store)
     assert BENCHMARK not in capsys.readouterr().err
     meta = ranked["meta"]
     assert meta["spec_id"] == DEFAULT_SPEC.spec_id

@@ -63,25 +63,18 @@ def test_the_default_spec_is_chosen_per_device_in_one_table(monkeypatch):
 
 
 def test_a_bfloat16_job_records_its_dtype_and_its_ranking_says_where_fidelity_was_measured(tmp_path, capsys):
-    from support.golden import COLLECT, GOLDEN, MODEL, cli
+    from support.golden import rank_through_cli, store_through_cli
 
     from cropi.projection.fidelity import BENCHMARK, measured, notice_for_split
     from cropi.store import GradientStore
 
-    for split in ("pool", "val_a"):
-        cli("collect", "--model", str(MODEL), "--prompts", str(GOLDEN / f"{split}.jsonl"),
-            "--out", str(tmp_path / split), *COLLECT)
-        cli("gradients", "--model", str(MODEL), "--trajectories", str(tmp_path / split), "--store",
-            str(tmp_path / "store"), "--split", split, "--name", "g", "--dtype", "float32",
-            "--model-dtype", "bfloat16", "--device", "cpu")
-    store = GradientStore(str(tmp_path / "store"))
-    pool = store.open_split("g", DEFAULT_SPEC.spec_id, "pool")
+    path = store_through_cli(tmp_path, "--dtype", "float32", "--model-dtype", "bfloat16", "--device", "cpu")
+    pool = GradientStore(str(path)).open_split("g", DEFAULT_SPEC.spec_id, "pool")
     assert pool.extra["model"] == {"model_dtype": "bfloat16", "attention": "eager"}
     vectors = pool.read().vectors
     assert np.isfinite(vectors).all() and np.abs(vectors).sum() > 0
     capsys.readouterr()
-    ranked = cli("rank", "--store", str(tmp_path / "store"), "--name", "g", "--pool", "pool",
-                 "--validation", "val_a", "--top-fraction", "0.25")
+    ranked = rank_through_cli(path)
     assert ranked["meta"]["fidelity"] == measured(DEFAULT_SPEC, "bfloat16")
     text = notice_for_split(str(tmp_path / "store"), "g", DEFAULT_SPEC.spec_id, "pool")
     if measured(DEFAULT_SPEC, "bfloat16") is None:  # not measured: the notice names the benchmark and the dtype

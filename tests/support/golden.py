@@ -36,6 +36,25 @@ MODEL = GOLDEN / "model"  # the demo's shipped model at 12489f8, kept byte for b
 COLLECT = ["--backend", "hf", "--samples", "6", "--max-new-tokens", "96", "--temperature", "0.7",
            "--reward", "exact_numeric", "--seed", "3"]
 
+
+
+def store_through_cli(out: Path, *gradient_flags: str) -> Path:
+    """The golden case's pool and ``val_a`` collected and their gradients stored under ``out/store`` (name
+    ``g``) through the CLI, with ``gradient_flags`` added to the gradients job; returns the store."""
+    for split in ("pool", "val_a"):
+        cli("collect", "--model", str(MODEL), "--prompts", str(GOLDEN / f"{split}.jsonl"),
+            "--out", str(out / split), *COLLECT)
+        cli("gradients", "--model", str(MODEL), "--trajectories", str(out / split), "--store",
+            str(out / "store"), "--split", split, "--name", "g", *gradient_flags)
+    return out / "store"
+
+
+def rank_through_cli(store: Path) -> dict:
+    """``cropi rank`` over a store made by ``store_through_cli``: its top quarter of the pool for ``val_a``."""
+    return cli("rank", "--store", str(store), "--name", "g", "--pool", "pool", "--validation", "val_a",
+               "--top-fraction", "0.25")
+
+
 EPS32 = float(np.finfo(np.float32).eps)
 # A float32 forward of the tiny model (2 layers, width 64) sums a few hundred products per value: two
 # summation orders differ by a few hundred eps32 relative to the summands, ~1e-5 of a log-probability of
