@@ -238,8 +238,7 @@ class _Stage:
                 arm = self.arms[1] if arm == self.arms[0] else self.arms[0]
             checkpoint = best["checkpoint"]
             if self._both_arms_fell(entry, checkpoint) and fraction < 1:  # against the fraction, not an arm
-                fraction = min(1.0, 2 * fraction)
-                entry["widened"], entry["widened_by"] = fraction, "both_arms_fell"
+                fraction = _widen(entry, fraction, "both_arms_fell")
         else:  # kept, or a screen the fresh reading did not confirm
             checkpoint = entry["checkpoint"]
             if verdict.value > chk.objective(chk.from_lists(best["values"])):
@@ -247,8 +246,7 @@ class _Stage:
                                                 "values": entry["values"]}
             if (self.opts.widen and fraction < 1 and entry.get("zero_share") is not None
                     and self.plan["pool_flat_share"] is not None and chk.saturated(entry["zero_share"], entry["groups"], self.plan["pool_flat_share"], self.opts)):
-                fraction = min(1.0, 2 * fraction)
-                entry["widened"], entry["widened_by"] = fraction, "saturation"
+                fraction = _widen(entry, fraction, "saturation")
         entry["then"] = {"arm": arm, "fraction": fraction, "checkpoint": checkpoint}
         self.record["start"]["current"] = entry["then"]
         self.record["parts"].append(entry)
@@ -358,6 +356,13 @@ def _unchecked(config, paths, state, m, pool, trainer, selector, record) -> dict
 
     return steps.train(config, paths, m, state.stage_model(m), state.stage(m)["selected"]["subset"], trainer) | {
         "checked": False, "unchecked": record["unchecked"]}
+
+
+def _widen(entry: dict, fraction: float, why: str) -> float:
+    """The doubled fraction (at most the whole pool), recorded in the part's entry with its reason."""
+    wider = min(1.0, 2 * fraction)
+    entry["widened"], entry["widened_by"] = wider, why
+    return wider
 
 
 def _split(steps: int, parts: int) -> list[int]:
