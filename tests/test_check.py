@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
 from cropi.pipeline.curriculum import check as chk
@@ -168,6 +169,10 @@ class PartTrainer:
         self.turn, self.step, self.drop, self.crash_at = turn, step, drop, crash_at
         self.fallback_drop = fallback_drop  # the fallback's subset hurts too (-fallback_drop a step)
         self.calls: list[dict] = []
+        self.released: list[str] = []
+
+    def release(self, checkpoint) -> None:
+        self.released.append(checkpoint)
 
     def train_stage(self, *, model, subset, out_dir, steps, seed, stage, reward) -> StageResult:
         arm = "diverse" if "diverse" in Path(subset).name else "cropi"
@@ -263,6 +268,12 @@ def test_a_reversal_restores_the_best_checkpoint_and_switches_arm(setup, monkeyp
     fresh = record["parts"][j]["confirm"]  # the fall was read again on a fresh stream, and held there
     assert fresh["action"] == "reverted" and fresh["stream"] == f"confirm:0:{j}" and fresh["change"] < 0
     assert "reversed" in _check(result, 0)["end"]["cases"]
+    # Once a stage is trained, the trainer may drop the state behind everything but its end: every other part
+    # (the reverted one too) and the stage's start, the previous stage's end; never the caller's initial model.
+    ends = [s["checkpoint"] for s in result["stages"]]
+    made = [e["checkpoint"] for m in (0, 1) for e in state["stages"][m]["check"]["parts"]]
+    assert sorted(set(trainer.released)) == sorted(set(made) - {ends[1]})
+    assert setup["model"] not in trainer.released and ends[0] in trainer.released
 
 
 def test_when_both_arms_fall_from_one_checkpoint_the_stage_widens(setup, monkeypatch):
@@ -402,3 +413,57 @@ def test_a_trainer_that_cannot_run_parts_says_so_and_the_curriculum_runs(setup, 
     result = _run(setup, monkeypatch, trainer, "check-verl")
     assert result["finished"]
     assert "cannot run a stage in parts" in _check(result, 0)["reason"]
+
+
+def test_verl_runs_a_checked_stage_as_shorter_runs_and_restores_by_branching(setup, monkeypatch, tmp_path):
+    """The real verl adapter (its launcher, attempt records and merge; a stand-in for verl's GPU work that adds
+    one delta to every weight a step, and five off on the primary's subset after global step 3). Readings come
+    from the weights (the net steps along the checkpoint's lineage), so the decisions are known: the primary
+    helps for one part, falls in the next and is reverted; the fallback trains on from the best part's own
+    verl state (a branched run folder), and nothing of the reverted part reaches the final weights."""
+    from safetensors.torch import load_file
+
+    from cropi.trainers.lineage import read_marker
+    from support.verl_standin import STEP_DELTA, standin
+
+    log = tmp_path / "launches.jsonl"
+    monkeypatch.setenv("STANDIN_LOG", str(log))
+    monkeypatch.setenv("STANDIN_HURT", "subset.parquet@3")  # the primary's subset: +1 a step, -5 after step 3
+    initial = load_file(str(Path(setup["model"]) / "model.safetensors"))
+
+    def net_steps(checkpoint) -> int:
+        weights = load_file(str(Path(checkpoint) / "model.safetensors"))
+        return round(float(np.mean([(weights[k] - v).mean() for k, v in initial.items()])) / STEP_DELTA)
+
+    def measured(self, checkpoint, **_):
+        spread = np.linspace(-0.05, 0.05, 40)
+        return {name: 0.3 + 0.01 * net_steps(checkpoint) + spread for name in ("val_a", "val_b")}, 0.001
+
+    monkeypatch.setattr(chk.ValidationSample, "measure", measured)
+    config = make_config(setup, name="check-verl-parts", stages=2, steps_per_stage=8, trainer="verl",
+                         trainer_options={"batch_prompts": 2, "rollouts": 2, "n_gpus_per_node": 1,
+                                          "python": str(standin(tmp_path))},
+                         check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False})
+    result = run_curriculum(config, root=setup["root"])
+
+    first, second = _check(result, 0), _check(result, 1)
+    assert first["checked"] and second["checked"]
+    assert [e["action"] for e in first["parts"]] == ["kept", "reverted", "kept", "kept"]
+    assert [e["arm"] for e in first["parts"]] == ["cropi", "cropi", "diverse", "diverse"]
+    launches = [json.loads(line) for line in log.read_text().splitlines()]
+    # Stage 0: steps 1-2, 3-4 (reverted), 3-4 again from step 2's state, 5-6; stage 1 goes on from 6 on diverse.
+    assert [(c["start"], c["end"]) for c in launches] == [(0, 2), (2, 4), (2, 4), (4, 6),
+                                                          (6, 8), (8, 10), (10, 12), (12, 14)]
+    assert launches[2]["run"] != launches[1]["run"]  # the restore branched its own folder, from part 0's state
+    # The final weights saw the 14 steps of the kept lineage, each +1: none of the reverted part's.
+    final = load_file(str(Path(result["final_checkpoint"]) / "model.safetensors"))
+    for key, value in initial.items():
+        torch.testing.assert_close(final[key], value + 14 * STEP_DELTA, rtol=0, atol=1e-5)
+    # Every run state but the last was released once the curriculum moved past it; all weights stay.
+    runs = {Path(c["run"]) for c in launches}
+    kept = Path(read_marker(result["final_checkpoint"]).run_state)
+    assert [r for r in runs if r.exists()] == [kept] and [p.name for p in kept.glob("global_step_*")] == [
+        "global_step_14"]
+    state = json.loads((Path(setup["root"]) / "curricula" / "check-verl-parts" / "state.json").read_text())
+    made = [e["checkpoint"] for m in (0, 1) for e in state["stages"][m]["check"]["parts"]]
+    assert len(made) == 8 and all((Path(c) / "model.safetensors").is_file() for c in made)

@@ -25,6 +25,7 @@ from cropi.rewards import register_reward
 from cropi.store import CheckpointRef, GradientStore, TrajectoryStore
 from cropi.store.gradient_table import GradientTable
 from cropi.trainers import StageResult
+from support.curriculum import FakeTrainer
 
 POOL, VAL, BUDGET = 24, 12, 0.25
 REWARD = "cropi_test_refresh_even_length"
@@ -66,7 +67,9 @@ def test_replace_rows_refuses_foreign_prompts_and_other_checkpoints():
 # ---------------------------------------------------------------- a curriculum stage with refresh
 
 
-class PerturbingTrainer:
+class PerturbingTrainer(FakeTrainer):
+    """FakeTrainer's release, with a larger perturbation seeded per stage."""
+
     def train_stage(self, *, model, subset, out_dir, steps, seed, stage, reward) -> StageResult:
         import shutil
 

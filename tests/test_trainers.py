@@ -475,10 +475,45 @@ def test_marker_file_is_not_a_weight_file(stage0):
     assert os.path.getsize(Path(stage0.checkpoint) / MARKER) > 0
 
 
-def test_which_trainers_run_a_stage_in_parts():
-    """A checked stage needs training on from any checkpoint of the run: lean and trl can, verl's one run
-    continuing in one folder cannot (its stages run unchecked and the stage record says so)."""
+def test_which_trainers_run_a_stage_in_parts(tmp_path):
+    """A checked stage needs training on from any checkpoint of the run: lean and trl can, and verl can when each
+    call branches its own run folder (the default); one shared ``run_dir`` continues only from its newest step,
+    so its stages run unchecked and the stage record says so."""
     from cropi.trainers import trainer_class
 
     assert trainer_class("lean").runs_in_parts and trainer_class("trl").runs_in_parts
-    assert not trainer_class("verl").runs_in_parts
+    assert make_trainer("verl", n_gpus_per_node=1).runs_in_parts
+    assert not make_trainer("verl", n_gpus_per_node=1, run_dir=str(tmp_path / "shared")).runs_in_parts
+
+
+def test_a_verl_call_branches_its_own_run_folder_from_the_state_behind_its_checkpoint(tmp_path):
+    """The state is hard-linked, not copied, and the branch's own changes (verl pruning the loaded step) leave
+    the parent's state whole, so the parent's checkpoint can be trained on from again."""
+    import shutil
+
+    from cropi.trainers.lineage import StageMarker, write_marker
+    from cropi.trainers.verl import TRACKER, _branch, latest_step
+
+    parent = tmp_path / "part-0" / "verl_run"
+    weights = parent / "global_step_5" / "actor" / "model_world_size_1_rank_0.pt"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"fsdp state")
+    (parent / TRACKER).write_text("5")
+    checkpoint = tmp_path / "part-0" / "train" / "checkpoint"
+    checkpoint.mkdir(parents=True)
+    write_marker(checkpoint, StageMarker(trainer="verl", reference_model="/m", stage=0, global_step=5,
+                                         run_state=str(parent)))
+    for part in ("part-1", "part-2"):  # two calls from one checkpoint: a part, then its successor after a revert
+        own = tmp_path / part / "verl_run"
+        _branch(str(checkpoint), own)
+        linked = own / "global_step_5" / "actor" / weights.name
+        assert latest_step(own) == 5 and os.stat(linked).st_ino == os.stat(weights).st_ino
+        linked.unlink()  # verl pruning the branch's copy of the step it loaded
+        assert weights.read_bytes() == b"fsdp state"
+    _branch(str(checkpoint), own)  # a retry finds its folder as it left it
+    assert not (own / "global_step_5" / "actor" / weights.name).exists()
+    assert not list(tmp_path.rglob("*.partial"))
+    shutil.rmtree(parent)  # released
+    with pytest.raises(ConflictError, match="is gone: it was released"):
+        _branch(str(checkpoint), tmp_path / "part-3" / "verl_run")
+    assert not (tmp_path / "part-3").exists()

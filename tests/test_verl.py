@@ -176,87 +176,11 @@ def test_model_merger_turns_an_fsdp_actor_checkpoint_into_our_hf_folder(tiny, tm
 
 # ------------------------------------------------- a verl curriculum, killed and retried at every point
 
-# Stands in for verl's trainer and model merger as far as the launcher can see, in verl's
-# real layout: main_ppo resumes from latest_checkpointed_iteration.txt, "trains" by adding
-# STEP_DELTA to every weight per global step, and saves global_step_N/actor/
-# {model_world_size_1_rank_0.pt, fsdp_config.json, huggingface/} and global_step_N/data.pt,
-# then the tracker (verl's order). The merger writes a Hugging Face folder. FAKE_VERL_KILL
-# = "<point>@<step>" makes the process SIGKILL itself there: before_save, during_save,
-# after_save (main_ppo) or merge (the merger, after writing part of the target).
-# Anything else (the launcher's flash-attn probe) runs on the real interpreter.
-STANDIN = r'''
-import json, os, shutil, signal, sys
-from pathlib import Path
-
-REAL, args = sys.argv[1], sys.argv[2:]
-kill = os.environ.get("FAKE_VERL_KILL", "")
-
-def maybe_die(point, step):
-    if kill == f"{point}@{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-if args[:2] == ["-m", "verl.trainer.main_ppo"]:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    overrides = [a for a in args[2:] if a not in ("--cfg", "job")]
-    kv = {o.key_or_group.lstrip("+"): o.value() for o in OverridesParser.create().parse_overrides(overrides)}
-    if "--cfg" in args:
-        print(json.dumps({k: str(v) for k, v in kv.items()}))  # the preflight: the overrides parse
-        sys.exit(0)
-    import torch
-    run = Path(kv["trainer.default_local_dir"])
-    run.mkdir(parents=True, exist_ok=True)
-    tracker = run / "latest_checkpointed_iteration.txt"
-    start = int(tracker.read_text()) if tracker.exists() else 0
-    end, every = int(kv["trainer.total_training_steps"]), int(kv["trainer.save_freq"])
-    with open(Path(os.environ["STANDIN_LOG"]), "a") as f:
-        f.write(json.dumps({"start": start, "end": end, "data_pt": (run / f"global_step_{start}" / "data.pt").exists(),
-                            "train_files": kv["data.train_files"]}) + "\n")
-    hf = Path(kv["actor_rollout_ref.model.path"])
-    if start:
-        state = torch.load(run / f"global_step_{start}" / "actor" / "model_world_size_1_rank_0.pt")
-    else:
-        from safetensors.torch import load_file
-        state = load_file(str(hf / "model.safetensors"))
-    for step in range(start + 1, end + 1):
-        state = {k: v + STEP_DELTA for k, v in state.items()}
-        with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as f:
-            f.write(json.dumps({"step": step, "data": {"critic/score/mean": step / 100}}) + "\n")
-        if step % every and step != end:
-            continue
-        maybe_die("before_save", step)
-        actor = run / f"global_step_{step}" / "actor"
-        (actor / "huggingface").mkdir(parents=True, exist_ok=True)
-        torch.save(state, actor / "model_world_size_1_rank_0.pt")
-        maybe_die("during_save", step)
-        (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 1}))
-        for f in hf.iterdir():
-            if f.suffix != ".safetensors" and f.is_file():
-                shutil.copy(f, actor / "huggingface" / f.name)
-        torch.save({"sampler": step}, actor.parent / "data.pt")
-        tracker.write_text(str(step))
-        maybe_die("after_save", step)
-elif args[:3] == ["-m", "verl.model_merger", "merge"]:
-    import torch
-    from safetensors.torch import save_file
-    local, target = Path(args[args.index("--local_dir") + 1]), Path(args[args.index("--target_dir") + 1])
-    shutil.copytree(local / "huggingface", target, dirs_exist_ok=True)
-    state = torch.load(local / "model_world_size_1_rank_0.pt")
-    save_file({k: v.clone().contiguous() for k, v in state.items()}, str(target / "model.safetensors"))
-    maybe_die("merge", int(local.parent.name.split("_")[-1]))
-else:
-    os.execv(REAL, [REAL, *args])
-'''
-STEP_DELTA = 1e-3
-
-
 @pytest.fixture()
 def standin(tmp_path) -> Path:
-    script = tmp_path / "standin.py"
-    script.write_text(STANDIN.replace("STEP_DELTA", repr(STEP_DELTA)))
-    launcher = tmp_path / "verl-python"
-    launcher.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}" "{sys.executable}" "$@"\n')
-    launcher.chmod(0o755)
-    return launcher
+    from support.verl_standin import standin as write_launcher
+
+    return write_launcher(tmp_path)
 
 
 def test_a_verl_curriculum_survives_a_kill_at_every_point_of_a_stage(standin, tiny, records, tmp_path,
@@ -267,6 +191,7 @@ def test_a_verl_curriculum_survives_a_kill_at_every_point_of_a_stage(standin, ti
     from cropi.pipeline.curriculum import CurriculumConfig, run_curriculum
     from cropi.trainers.base import TrainingFailedError
     from cropi.trainers.lineage import read_marker
+    from support.verl_standin import STEP_DELTA
 
     pool = tmp_path / "pool.parquet"
     write_verl_parquet(records, str(pool))
@@ -294,16 +219,20 @@ def test_a_verl_curriculum_survives_a_kill_at_every_point_of_a_stage(standin, ti
 
     assert result["finished"] and [s["global_step"] for s in result["stages"]] == [3, 6, 9]
     assert [s["steps_done"] for s in result["stages"]] == [3, 3, 3]
+    curricula = root / "curricula" / "verl-3"
     launches = [(c["start"], c["end"]) for c in map(json.loads, log.read_text().splitlines())]
     # Every retry resumed from the newest checkpoint verl had recorded; a finished verl run was only merged.
     assert launches == [(0, 3), (2, 3), (2, 3),            # stage 0: killed 3 times, then merged twice
                         (3, 6), (3, 6), (4, 6),            # stage 1
                         (6, 9)]                            # stage 2: trained once, merged twice
-    # One run folder for the whole curriculum, named by stage 0 and carried by the markers.
-    run_dirs = {read_marker(s["checkpoint"]).run_state for s in result["stages"]}
-    assert run_dirs == {str((root / "curricula" / "verl-3" / "stage-0" / "verl_run").resolve())}
-    run_dir = Path(run_dirs.pop())
+    # Each stage trained in its own run folder, branched from the previous stage's (hard links), and the
+    # curriculum released the state behind every checkpoint it will not train on from again: the last stays.
+    run_dirs = [read_marker(s["checkpoint"]).run_state for s in result["stages"]]
+    assert run_dirs == [str((curricula / f"stage-{m}" / "verl_run").resolve()) for m in range(3)]
+    assert not Path(run_dirs[0]).exists() and not Path(run_dirs[1]).exists()
+    run_dir = Path(run_dirs[2])
     assert sorted(p.name for p in run_dir.glob("global_step_*")) == ["global_step_9"]  # max_actor_ckpt_to_keep=1
+    assert all((Path(s["checkpoint"]) / "model.safetensors").is_file() for s in result["stages"])  # weights stay
     # The weights saw exactly 9 steps: no step lost or replayed across the kills.
     initial = load_file(str(tiny / "model.safetensors"))
     final = load_file(str(Path(result["final_checkpoint"]) / "model.safetensors"))
@@ -311,10 +240,10 @@ def test_a_verl_curriculum_survives_a_kill_at_every_point_of_a_stage(standin, ti
         torch.testing.assert_close(final[key], value + 9 * STEP_DELTA, rtol=0, atol=1e-5)
     # Each stage read its own subset, and no stage inherited the previous stage's sampler position.
     calls = list(map(json.loads, log.read_text().splitlines()))
-    assert {c["train_files"] for c in calls} == {str((root / "curricula" / "verl-3" / f"stage-{m}" /
-                                                     "subset.parquet").resolve()) for m in range(3)}
+    assert {c["train_files"] for c in calls} == {str((curricula / f"stage-{m}" / "subset.parquet").resolve())
+                                                 for m in range(3)}
     assert not any(c["data_pt"] for c in calls if c["start"] in (3, 6))
-    assert not list(root.rglob("checkpoint.partial"))
+    assert not list(root.rglob("checkpoint.partial")) and not list(root.rglob("verl_run.partial"))
 
 
 def test_preflight_runs_verl_composition(tiny, subset, tmp_path):

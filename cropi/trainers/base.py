@@ -102,6 +102,12 @@ class TrainerAdapter(ABC):
         ``reward``: a ``cropi.rewards`` name. Writes everything under ``out_dir``.
         """
 
+    def release(self, checkpoint: str) -> None:
+        """The curriculum will not train on from ``checkpoint`` again: an adapter whose run state behind a
+        checkpoint is large (verl's FSDP actor and optimizer) may delete it; the weights stay. The in-process
+        adapters keep their AdamW state (``trainer_state/``, the size of the weights twice over) so a finished
+        curriculum's checkpoints can still be trained on."""
+
 
 def parse_options(model: type[BaseModel], values: dict[str, Any], trainer: str) -> Any:
     """``model(**values)``, with pydantic's errors turned into one readable ``TrainerOptionsError``."""

@@ -6,15 +6,23 @@ preflight, the launch, the merge.
 
 verl 0.9 has no curriculum hook, so a stage is a run of
 ``python -m verl.trainer.main_ppo`` with ``data.train_files`` set to the stage's
-parquet. Every stage of a curriculum uses the same ``trainer.default_local_dir``
-(the run folder: ``run_dir``, else the one the input checkpoint's lineage marker
-names, else ``<out_dir>/../verl_run`` at a fresh start) and ``resume_mode=auto``: verl reloads the actor, its optimizer
-and its global step from the newest ``global_step_N`` there, so the stages are one
-run. Steps add up: a stage that starts at global step S and trains T steps is
-launched with ``total_training_steps = S + T`` and ends at step S + T, the sum
-of the steps of all stages so far. The policy's starting weights come from that
-checkpoint; ``actor_rollout_ref.model.path`` stays the curriculum's initial model
-for every stage, which also makes it the KL reference, as in CROPI's single run.
+parquet, and a checked stage's part (cropi.pipeline.curriculum.parts) is a shorter
+run of the same kind. Each call trains in a run folder of its own
+(``<out_dir>/../verl_run``): at a fresh start an empty one; from a checkpoint this
+adapter wrote, one *branched* from the run state behind it, its ``global_step_S``
+hard-linked (no copy) with the tracker at ``S``, and ``resume_mode=auto`` has verl
+reload the actor, its optimizer and its global step from there. So any checkpoint
+whose run state is kept can be trained on from, again and again: a stage continues
+the previous one, and a checked stage restores an earlier part by training on from
+it. Steps add up: a call that starts at global step S and trains T steps is
+launched with ``total_training_steps = S + T`` and ends at step S + T. The policy's
+starting weights come from that state; ``actor_rollout_ref.model.path`` stays the
+curriculum's initial model for every call, which also makes it the KL reference,
+as in CROPI's single run. ``release`` deletes the run state behind a checkpoint the
+curriculum will not train from again (each FSDP state holds the optimizer: several
+times the weights), keeping its merged weights. ``VerlOptions.run_dir`` instead
+keeps every call in one shared folder, continuing only from its newest step: such a
+run cannot restore an earlier part, so its stages run unchecked.
 
 A stage is retried safely: the launcher records the attempt (start, end and
 an identity hash of its launch) in the run folder before verl starts. A retry of
@@ -47,7 +55,7 @@ from cropi.errors import ConflictError, InvalidInputError, MismatchError, NotFou
 from cropi.trainers.base import StageResult, TrainerAdapter, TrainingFailedError, check_stage_args
 from cropi.trainers.lineage import StageMarker, read_marker, write_marker
 # the options and their overrides: public here too, where the trainer registry and callers find verl
-from cropi.trainers.verl_overrides import (ENTRY_POINT, MERGER, NAME, PYTHON_ENV, REWARD_FUNCTION,
+from cropi.trainers.verl_overrides import (ENTRY_POINT, MERGER, NAME, PYTHON_ENV, REWARD_FUNCTION, RUN_FOLDER,
                                            VERL_DEFAULT_REWARD, VerlOptions, default_run_dir, hydra_value,
                                            merge_command, verl_command, verl_overrides)
 from cropi.utils.fsio import atomic_write_bytes, resolve, write_json_atomic
@@ -74,10 +82,25 @@ class VerlTrainer(TrainerAdapter):
     """Train a stage by launching verl in a subprocess, then merge its actor into a HF folder."""
 
     name = NAME
-    # One verl run continues across stages in one folder (resume_mode=auto): it cannot train on from an earlier
-    # checkpoint of itself, so its stages run unchecked (the stage record says so).
-    runs_in_parts = False
     options_model = VerlOptions
+
+    @property
+    def runs_in_parts(self) -> bool:
+        """Each call branches its own run folder from the state behind its checkpoint, so a stage can be trained
+        in parts and restored; a shared ``run_dir`` continues only from its newest step."""
+        return not self.options.run_dir
+
+    def release(self, checkpoint: str) -> None:
+        """Delete the run state behind ``checkpoint`` (its own run folder: FSDP actor and optimizer), keeping the
+        merged weights; a shared ``run_dir`` is left alone (later stages continue in it)."""
+        if self.options.run_dir:
+            return
+        marker = read_marker(checkpoint)
+        if marker is None or marker.trainer != NAME or not marker.run_state:
+            return
+        run = Path(marker.run_state)
+        if run.name == RUN_FOLDER and (run / ATTEMPT).is_file():  # only a folder this adapter made
+            shutil.rmtree(run, ignore_errors=True)
 
     def train_stage(self, *, model: str, subset: str, out_dir: str, steps: int, seed: int, stage: int,
                     reward: str) -> StageResult:
@@ -87,7 +110,9 @@ class VerlTrainer(TrainerAdapter):
         _check_subset(subset, opts.batch_prompts)
         out = Path(out_dir).expanduser().resolve()
         out.mkdir(parents=True, exist_ok=True)
-        run_dir = default_run_dir(opts, out, model)
+        run_dir = default_run_dir(opts, out)
+        if not opts.run_dir:
+            _branch(model, run_dir)
         reference, start = _continuation(model, run_dir, stage)
         end = start + steps
         log_path, metrics_path = out / "verl.log", out / "metrics.jsonl"
@@ -238,6 +263,34 @@ def _check_subset(subset: str, batch_prompts: int) -> None:
         # verl would compute zero steps per epoch and fail far from the cause.
         raise InvalidInputError(f"{subset} has {rows} prompts but a step takes batch_prompts={batch_prompts}: "
                                 "lower batch_prompts or select more prompts")
+
+
+def _branch(model: str, run_dir: Path) -> None:
+    """Seed this call's own run folder from the run state behind ``model`` (a checkpoint this adapter wrote):
+    its ``global_step_S`` hard-linked (verl writes new step folders and never rewrites a loaded one, and an
+    unlink here leaves the parent's file) and the tracker at ``S``. Built under a scratch name and renamed, so
+    a kill leaves either no folder or a whole one; a folder already there is this call's retry."""
+    marker = read_marker(model)
+    if run_dir.exists() or marker is None or marker.trainer != NAME or not marker.run_state:
+        return  # a retry, a fresh start, or another trainer's checkpoint (_continuation says what is wrong)
+    parent, step = Path(marker.run_state), marker.global_step
+    source = parent / f"global_step_{step}"
+    if not source.is_dir():
+        raise ConflictError(f"the run state behind {model} ({source}) is gone: it was released once its "
+                            "curriculum moved past it, or pruned. Train on from a checkpoint whose state is kept "
+                            "(the curriculum's last), or start from the initial model")
+    scratch = run_dir.with_name(run_dir.name + ".partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.copytree(source, scratch / source.name, copy_function=_link_or_copy)
+    (scratch / TRACKER).write_text(str(step))
+    scratch.rename(run_dir)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copy2(src, dst)
 
 
 def _continuation(model: str, run_dir: Path, stage: int) -> tuple[str, int]:

@@ -21,7 +21,6 @@ from pydantic import Field, field_validator, model_validator
 
 from cropi.errors import InvalidInputError
 from cropi.trainers.base import GrpoOptions, check_stage_args
-from cropi.trainers.lineage import read_marker
 
 NAME = "verl"
 ENTRY_POINT = "verl.trainer.main_ppo"
@@ -30,6 +29,7 @@ MERGER = "verl.model_merger"
 VERL_DEFAULT_REWARD = "verl_default"
 REWARD_FUNCTION = "pkg://cropi.rewards.verl_reward"  # importable wherever cropi is installed
 _NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+RUN_FOLDER = "verl_run"  # a call's own run folder, next to its out_dir
 PYTHON_ENV = "CROPI_VERL_PYTHON"  # default interpreter of the verl environment
 
 
@@ -40,9 +40,10 @@ class VerlOptions(GrpoOptions):
     one update per step, fully on-policy). ``micro_batch_per_gpu``: sequences per
     forward pass on a GPU (actor, reference and rollout log-probs). ``save_freq``:
     extra checkpoints every so many global steps; the end of a stage is always saved.
-    ``run_dir``: the run's ``trainer.default_local_dir``, shared by all stages
-    (default: the folder the input checkpoint's lineage marker names, else
-    ``<out_dir>/../verl_run``). ``python``: the interpreter of the verl
+    ``run_dir``: one ``trainer.default_local_dir`` shared by every stage, each
+    continuing from its newest step (so the stages run unchecked); default: each
+    call's own ``<out_dir>/../verl_run``, branched from the run state behind its
+    input checkpoint, which lets a checked stage restore an earlier part. ``python``: the interpreter of the verl
     environment (default: ``$CROPI_VERL_PYTHON``, else ``python``). ``val_files``: the
     parquet verl validates on; required when ``test_freq`` or ``val_before_train``
     asks for validation (verl loads ``data.val_files`` regardless, so without
@@ -50,7 +51,7 @@ class VerlOptions(GrpoOptions):
     ``attn_implementation``: the actor's attention (default: flash_attention_2 when
     flash-attn is importable in the verl environment, else sdpa).
     ``max_actor_ckpt_to_keep``: FSDP checkpoints kept in the run folder; older
-    ones are deleted once a stage is merged. ``ray_address``: the Ray cluster verl
+    ones are deleted once a call is merged (its end is always kept). ``ray_address``: the Ray cluster verl
     joins (default: ``auto`` when ``nnodes > 1``, a cluster started with ``ray
     start`` on every node; else verl starts its own). ``extra_overrides``: more
     ``key=value`` Hydra overrides, last wins.
@@ -111,19 +112,13 @@ class VerlOptions(GrpoOptions):
         return self.ray_address or ("auto" if self.nnodes > 1 else None)
 
 
-def default_run_dir(options: VerlOptions, out_dir: str | Path, model: str | Path | None = None) -> Path:
-    """The run folder shared by all stages of one run.
-
-    ``options.run_dir`` if set; else the run the input checkpoint continues (its
-    lineage marker, written by the previous verl stage); else, at a fresh start,
-    ``<out_dir>/../verl_run``, a folder a retry of the stage finds again.
-    """
+def default_run_dir(options: VerlOptions, out_dir: str | Path) -> Path:
+    """The run folder of one call: ``options.run_dir`` if set (one folder shared by every call, continuing
+    from its newest step), else the call's own ``<out_dir>/../verl_run``, a folder a retry of the call finds
+    again (cropi.trainers.verl branches it from the run state behind the input checkpoint)."""
     if options.run_dir:
         return Path(options.run_dir).expanduser().resolve()
-    marker = read_marker(model) if model is not None else None
-    if marker is not None and marker.trainer == NAME and marker.run_state:
-        return Path(marker.run_state)
-    return Path(out_dir).expanduser().resolve().parent / "verl_run"
+    return Path(out_dir).expanduser().resolve().parent / RUN_FOLDER
 
 
 def verl_overrides(options: VerlOptions, *, model: str, subset: str, val_files: Optional[str], out_dir: str,
@@ -145,7 +140,7 @@ def verl_overrides(options: VerlOptions, *, model: str, subset: str, val_files: 
     end = start_step + steps
     micro = options.micro_batch_per_gpu
     attention = options.attn_implementation or attn_implementation or "sdpa"
-    run = Path(run_dir).expanduser().resolve() if run_dir else default_run_dir(options, out_dir, model)
+    run = Path(run_dir).expanduser().resolve() if run_dir else default_run_dir(options, out_dir)
     o: dict[str, Any] = {
         "algorithm.adv_estimator": "grpo",
         "algorithm.use_kl_in_reward": False,

@@ -50,6 +50,9 @@ class FakeTrainer:
                            metrics={"reward_mean": 0.5, "loss_last": float("nan")},
                            log_path=str(Path(out_dir) / "train.log"))
 
+    def release(self, checkpoint) -> None:
+        """Keeps everything (as the in-process adapters do)."""
+
 
 def build_setup(base: Path) -> dict:
     """The tiny model, a 24-prompt pool and two validation sets of 6 under ``base``."""

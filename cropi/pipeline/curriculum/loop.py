@@ -34,6 +34,7 @@ def run_curriculum(config: CurriculumConfig, *, root: str | Path, progress: Prog
         progress(f"curriculum {config.name}", m, config.stages)
         if "trained" not in state.stage(m):
             _run_stage(config, paths, state, m, pool, trainer, _stage_progress(progress, config.name, m))
+        _release(trainer, state, m)  # again on a resume: a kill may have come between the save and the release
     progress(f"curriculum {config.name}", config.stages, config.stages)
     state.doc["finished"] = True
     state.save()
@@ -59,6 +60,16 @@ def _run_stage(config: CurriculumConfig, paths: CurriculumPaths, state: StageSta
             "checked": False, "unchecked": unchecked}
     state.finish(m, "trained", trained)
     steps.write_metrics(paths, m, stage)
+
+
+def _release(trainer, state: StageState, m: int) -> None:
+    """Once stage ``m`` is trained the curriculum trains on from its end alone (a checked stage restores only
+    within itself): the trainer may drop the run state behind every other checkpoint the stage trained from or
+    made. The initial model is the caller's and is never released."""
+    stage = state.stage(m)
+    made = set(parts.checkpoints(stage)) | ({state.stage_model(m)} if m else set())
+    for checkpoint in sorted(made - {stage["trained"]["checkpoint"]}):
+        trainer.release(checkpoint)
 
 
 def _pin_initial_model(state: StageState, config: CurriculumConfig) -> None:

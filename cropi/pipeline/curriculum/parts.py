@@ -324,6 +324,12 @@ class _Stage:
         return str(out)
 
 
+def checkpoints(stage: dict) -> list[str]:
+    """Every checkpoint a checked stage's parts made (the race's included); none for an unchecked stage."""
+    record = stage.get("check") or {}
+    return [e["checkpoint"] for e in [*record.get("race", []), *record.get("parts", [])]]
+
+
 def _tell_the_ranking(stage: dict, record: dict) -> None:
     """What the check saw, where the stage's selection is read: the ranking's meta (``check``) and each
     ``concentrated_selection`` warning of the stage record (``observed``): a concentrated subset is a risk,
