@@ -41,6 +41,7 @@ from cropi.pipeline.rank import SelectorName
 from cropi.selection import FALLBACK_SELECTOR
 
 _NORMAL = NormalDist()
+MAX_SAMPLES = 64  # draws per validation prompt at a check, at most (CheckOptions.samples, fit_samples)
 
 
 class CheckOptions(BaseModel):
@@ -50,7 +51,8 @@ class CheckOptions(BaseModel):
 
     enabled: bool = Field(True, description="train each stage in parts and check the validation objective after each")
     parts: int = Field(4, ge=1, le=64, description="checks a stage (its steps split evenly; at most one per step)")
-    samples: int = Field(4, ge=1, le=64, description="draws per validation prompt at a check")
+    samples: int = Field(4, ge=1, le=MAX_SAMPLES, description="draws per validation prompt at a check (raised, up to "
+                         f"{MAX_SAMPLES}, for a validation set too small for the prompts the check needs at it)")
     alpha: float = Field(0.05, gt=0, lt=0.5, description="chance per stage of a fallback when nothing changed")
     power: float = Field(0.8, gt=0.5, lt=1, description="chance of detecting a fall of `resolve`")
     resolve: float = Field(0.1, gt=0, le=1, description="the fall of the validation pass rate the check must "
@@ -92,12 +94,26 @@ def objective(values: Mapping[str, np.ndarray]) -> float:
     return float(np.mean([np.mean(v) for v in values.values()]))
 
 
-def sample_size(variance: float, options: CheckOptions, sets: int, checks: int) -> int:
+def sample_size(variance: float, options: CheckOptions, sets: int, checks: int, samples: int | None = None) -> int:
     """Prompts per set so that a fall of ``resolve`` is detected with ``power`` at the reversal ``z``:
     the paired change of one prompt has variance ``2 v / k`` (two independent draws of ``k`` samples
-    where nothing changed), the objective averages ``J`` sets of ``n``: ``SE^2 = 2 v / (k J n)``."""
+    where nothing changed; ``k``: ``samples``, else the options'), the objective averages ``J`` sets of ``n``:
+    ``SE^2 = 2 v / (k J n)``."""
     z = reversal_z(options, checks) + z_value(options.power)
-    return max(2, math.ceil(z * z * 2 * variance / (options.samples * sets * options.resolve ** 2)))
+    k = samples or options.samples
+    return max(2, math.ceil(z * z * 2 * variance / (k * sets * options.resolve ** 2)))
+
+
+def fit_samples(variance: float, options: CheckOptions, sets: int, checks: int, prompts: int) -> tuple[int, int] | None:
+    """``(k, n)``: the fewest draws a prompt, from the options' ``samples`` up to ``MAX_SAMPLES``, at which ``n
+    <= prompts`` prompts a set resolve the fall (``sample_size``); None when not even ``MAX_SAMPLES`` do. Under
+    no change a prompt's paired change has variance ``2 v / k``, so draws stand in for prompts one for one in
+    the SE; a small validation set keeps its check at the same power and about the same cost (``n k``)."""
+    for k in range(options.samples, MAX_SAMPLES + 1):
+        n = sample_size(variance, options, sets, checks, samples=k)
+        if n <= prompts:
+            return k, n
+    return None
 
 
 def prompt_variance(rewards: Sequence[Sequence[float]]) -> float:

@@ -78,20 +78,30 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
     offline = scored.get("trajectories") or {}
     variance = {name: chk.prompt_variance(_rewards(offline[name])) if name in offline else 0.25
                 for name in config.validation}
-    n = chk.sample_size(sum(variance.values()) / len(variance), opts, len(variance), len(steps))
+    v, sets, checks = sum(variance.values()) / len(variance), len(variance), len(steps)
+    n = chk.sample_size(v, opts, sets, checks)
     sizes = {name: len(load_prompts(path)) for name, path in config.validation.items()}
-    plan = {"steps": steps, "z": round(z, 6), "variance": variance, "prompts_per_set": n, "samples": opts.samples,
+    per = 2 if opts.confirm_on == "held_out_prompts" else 1  # n read at every check, n more to confirm a fall
+    smallest = min(sizes.values())
+    fit = chk.fit_samples(v, opts, sets, checks, smallest // per) if smallest < per * n else None
+    samples, n = fit or (opts.samples, n)
+    plan = {"steps": steps, "z": round(z, 6), "variance": variance, "prompts_per_set": n, "samples": samples,
             "arms": [config.selector, opts.fallback], "rollouts": trainer.options.rollouts,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
-    needed = 2 * n if opts.confirm_on == "held_out_prompts" else n  # n read at every check, n to confirm
+    if samples != opts.samples:
+        plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
+                                  f"{per} x {chk.sample_size(v, opts, sets, checks)} the check needs at "
+                                  f"{opts.samples} samples a prompt: {samples} samples a prompt resolve the fall")
+    needed = per * n
     short = {name: size for name, size in sizes.items() if size < needed}
     doc = {"plan": plan, "parts": []}
     if short:
-        doc["unchecked"] = (f"validation sets {', '.join(f'{k} ({v} prompts)' for k, v in sorted(short.items()))} "
+        doc["unchecked"] = (f"validation sets {', '.join(f'{k} ({size} prompts)' for k, size in sorted(short.items()))} "
                             f"are too small to resolve a fall of {opts.resolve} at alpha {opts.alpha}: the check "
                             f"needs {needed} prompts a set at {opts.samples} samples each"
-                            + (f" ({n} read at every check, {n} to confirm a fall)" if needed > n else "")
-                            + " (more samples a prompt also serve); this stage runs unchecked")
+                            + (f" ({n} read at every check, {n} to confirm a fall)" if per > 1 else "")
+                            + f", and more than {chk.MAX_SAMPLES} samples a prompt would not make up for it; "
+                            "this stage runs unchecked")
     return doc
 
 
