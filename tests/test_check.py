@@ -428,9 +428,11 @@ def test_verl_runs_a_checked_stage_as_shorter_runs_and_restores_by_branching(set
     one delta to every weight a step, and five off on the primary's subset after global step 3). Readings come
     from the weights (the net steps along the checkpoint's lineage), so the decisions are known: the primary
     helps for one part, falls in the next and is reverted; the fallback trains on from the best part's own
-    verl state (a branched run folder), and nothing of the reverted part reaches the final weights."""
+    verl state (a branched run folder), and nothing of the reverted part reaches the final weights. verl killed
+    inside a part: the resume trains that part again from its start, with the same decisions after it."""
     from safetensors.torch import load_file
 
+    from cropi.trainers.base import TrainingFailedError
     from cropi.trainers.lineage import read_marker
     from support.verl_standin import STEP_DELTA, standin
 
@@ -452,6 +454,10 @@ def test_verl_runs_a_checked_stage_as_shorter_runs_and_restores_by_branching(set
                          trainer_options={"batch_prompts": 2, "rollouts": 2, "n_gpus_per_node": 1,
                                           "python": str(standin(tmp_path))},
                          check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False})
+    monkeypatch.setenv("FAKE_VERL_KILL", "before_save@4")  # verl killed inside part 1: the resume trains it again
+    with pytest.raises(TrainingFailedError, match="status -9"):
+        run_curriculum(config, root=setup["root"])
+    monkeypatch.delenv("FAKE_VERL_KILL")
     result = run_curriculum(config, root=setup["root"])
 
     first, second = _check(result, 0), _check(result, 1)
@@ -459,10 +465,11 @@ def test_verl_runs_a_checked_stage_as_shorter_runs_and_restores_by_branching(set
     assert [e["action"] for e in first["parts"]] == ["kept", "reverted", "kept", "kept"]
     assert [e["arm"] for e in first["parts"]] == ["cropi", "cropi", "diverse", "diverse"]
     launches = [json.loads(line) for line in log.read_text().splitlines()]
-    # Stage 0: steps 1-2, 3-4 (reverted), 3-4 again from step 2's state, 5-6; stage 1 goes on from 6 on diverse.
-    assert [(c["start"], c["end"]) for c in launches] == [(0, 2), (2, 4), (2, 4), (4, 6),
+    # Stage 0: steps 1-2, 3-4 (killed, then again: reverted), 3-4 again from step 2's state, 5-6; stage 1 goes
+    # on from 6 on diverse.
+    assert [(c["start"], c["end"]) for c in launches] == [(0, 2), (2, 4), (2, 4), (2, 4), (4, 6),
                                                           (6, 8), (8, 10), (10, 12), (12, 14)]
-    assert launches[2]["run"] != launches[1]["run"]  # the restore branched its own folder, from part 0's state
+    assert launches[3]["run"] != launches[2]["run"]  # the restore branched its own folder, from part 0's state
     # The final weights saw the 14 steps of the kept lineage, each +1: none of the reverted part's.
     final = load_file(str(Path(result["final_checkpoint"]) / "model.safetensors"))
     for key, value in initial.items():
