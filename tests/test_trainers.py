@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-import sys
 from pathlib import Path
 
 import pytest
@@ -337,49 +335,12 @@ def test_merge_command_is_verls_cli():
 
 # ---------------------------------------------------------------- verl orchestration, with a stand-in verl
 
-# Behaves like the two verl entry points as far as the launcher can see: main_ppo
-# resumes from the tracker, logs one metrics line per step and saves
-# global_step_N/{actor/huggingface, data.pt}; the merger copies the HF files out.
-FAKE_VERL = r'''
-import json, os, shutil, sys
-from pathlib import Path
-
-args = sys.argv[1:]
-if args[:2] == ["-m", "verl.trainer.main_ppo"] and "--cfg" in args:
-    print("composed")  # the launcher's preflight
-elif args[:2] == ["-m", "verl.trainer.main_ppo"]:
-    kv = dict(a.split("=", 1) for a in args[2:])
-    run = Path(kv["trainer.default_local_dir"])
-    run.mkdir(parents=True, exist_ok=True)
-    tracker = run / "latest_checkpointed_iteration.txt"
-    start = int(tracker.read_text()) if tracker.exists() else 0
-    kv["_data_pt_at_start"] = (run / f"global_step_{start}" / "data.pt").exists()
-    with open(run / "calls.jsonl", "a") as f:
-        f.write(json.dumps(kv) + "\n")
-    if os.environ.get("FAKE_VERL_FAIL"):
-        print("CUDA error: no GPU"); sys.exit(3)
-    end = int(kv["trainer.total_training_steps"])
-    with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as f:
-        for step in range(start + 1, end + 1):
-            f.write(json.dumps({"step": step, "data": {"critic/score/mean": step / 10, "actor/pg_loss": -step}}) + "\n")
-    actor = run / f"global_step_{end}" / "actor"
-    shutil.copytree(kv["actor_rollout_ref.model.path"], actor / "huggingface", dirs_exist_ok=True)
-    (actor.parent / "data.pt").write_text("sampler position")
-    tracker.write_text(str(end))
-elif args[:3] == ["-m", "verl.model_merger", "merge"]:
-    local, target = Path(args[args.index("--local_dir") + 1]), args[args.index("--target_dir") + 1]
-    shutil.copytree(local / "huggingface", target, dirs_exist_ok=True)
-else:
-    sys.exit(f"unexpected call {args}")
-'''
-
-
 @pytest.fixture()
 def fake_python(tmp_path) -> str:
-    script = tmp_path / "fake_python"
-    script.write_text(f"#!{sys.executable}\n{FAKE_VERL}")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    return str(script)
+    """verl's two entry points as far as the launcher can see (tests/support/verl_standin.py)."""
+    from support.verl_standin import standin
+
+    return str(standin(tmp_path))
 
 
 def _verl(fake_python, tmp_path, **extra):

@@ -8,7 +8,9 @@ fsdp_config.json, huggingface/}`` and ``global_step_N/data.pt``, then the tracke
 verl.model_merger merge``: writes a Hugging Face folder. Anything else (the launcher's flash-attn probe) runs
 on the real interpreter. Environment:
 
-- ``STANDIN_LOG``: a JSON line per training launch (start, end, whether data.pt was there, train_files);
+- ``STANDIN_LOG``: a JSON line per training launch (start, end, whether data.pt was there, train_files); every
+  launch's overrides also go into ``calls.jsonl`` in its run folder (``_data_pt_at_start`` added);
+- ``FAKE_VERL_FAIL``: main_ppo prints a CUDA error and exits with status 3;
 - ``FAKE_VERL_KILL`` = ``<point>@<step>``: SIGKILL itself there: before_save, during_save, after_save
   (main_ppo) or merge (the merger, after writing part of the target);
 - ``STANDIN_HURT`` = ``<file name>@<step>``: on a train file of that name, every global step after ``<step>``
@@ -72,10 +74,16 @@ def _train(args: list[str]) -> None:
     tracker = run / "latest_checkpointed_iteration.txt"
     start = int(tracker.read_text()) if tracker.exists() else 0
     end, every = int(kv["trainer.total_training_steps"]), int(kv["trainer.save_freq"])
-    with open(Path(os.environ["STANDIN_LOG"]), "a") as f:
-        f.write(json.dumps({"start": start, "end": end, "run": str(run),
-                            "data_pt": (run / f"global_step_{start}" / "data.pt").exists(),
-                            "train_files": kv["data.train_files"]}) + "\n")
+    data_pt = (run / f"global_step_{start}" / "data.pt").exists()
+    with open(run / "calls.jsonl", "a") as f:
+        f.write(json.dumps(kv | {"_data_pt_at_start": data_pt}) + "\n")
+    if os.environ.get("STANDIN_LOG"):
+        with open(os.environ["STANDIN_LOG"], "a") as f:
+            f.write(json.dumps({"start": start, "end": end, "run": str(run), "data_pt": data_pt,
+                                "train_files": kv["data.train_files"]}) + "\n")
+    if os.environ.get("FAKE_VERL_FAIL"):
+        print("CUDA error: no GPU")
+        sys.exit(3)
     hf = Path(kv["actor_rollout_ref.model.path"])
     if start:
         state = torch.load(run / f"global_step_{start}" / "actor" / "model_world_size_1_rank_0.pt")
@@ -86,7 +94,7 @@ def _train(args: list[str]) -> None:
         delta = _delta(kv["data.train_files"], step)
         state = {k: v + delta for k, v in state.items()}
         with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as f:
-            f.write(json.dumps({"step": step, "data": {"critic/score/mean": step / 100}}) + "\n")
+            f.write(json.dumps({"step": step, "data": {"critic/score/mean": step / 10, "actor/pg_loss": -step}}) + "\n")
         if step % every and step != end:
             continue
         _maybe_die("before_save", step)
