@@ -47,7 +47,7 @@ GOLDEN_CORES := $(if $(HAS_AVX2),Haswell Zen) $(if $(HAS_AVX512),SkylakeX)
 # The verl checks run in verl's own environment (its transformers pin conflicts with vLLM's).
 test: venv venv-verl
 	$(VERLENV)/bin/python -m pytest -q tests/test_verl.py
-	CROPI_GOLDEN_CAPABILITIES="$(strip $(GOLDEN_CAPS))" CROPI_GOLDEN_CORETYPES="$(strip $(GOLDEN_CORES))" $(VENV)/bin/python -m pytest -q --ignore=tests/test_verl.py
+	CROPI_GOLDEN_CAPABILITIES="$(strip $(GOLDEN_CAPS))" CROPI_GOLDEN_CORETYPES="$(strip $(GOLDEN_CORES))" $(VENV)/bin/python -m pytest -q --durations=30 --ignore=tests/test_verl.py
 
 # On a CUDA machine as it is (no network; ../shared/GPU.md): the `-m gpu` tests and the scoring path's
 # bfloat16 figures at the Qwen2.5-1.5B and 7B shapes, as JSON under benchmarks/results/gpu/, with GPU_PY's
