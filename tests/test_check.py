@@ -18,8 +18,8 @@ import statistics
 from pathlib import Path
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 from cropi.pipeline.curriculum import check as chk
 from cropi.pipeline.curriculum import loop, run_curriculum
