@@ -79,7 +79,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
     variance = {name: chk.prompt_variance(_rewards(offline[name])) if name in offline else 0.25
                 for name in config.validation}
     v, sets, checks = sum(variance.values()) / len(variance), len(variance), len(steps)
-    n = chk.sample_size(v, opts, sets, checks)
+    n = at_samples = chk.sample_size(v, opts, sets, checks)
     sizes = {name: len(load_prompts(path)) for name, path in config.validation.items()}
     per = 2 if opts.confirm_on == "held_out_prompts" else 1  # n read at every check, n more to confirm a fall
     smallest = min(sizes.values())
@@ -90,7 +90,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
-                                  f"{per} x {chk.sample_size(v, opts, sets, checks)} the check needs at "
+                                  f"{per} x {at_samples} the check needs at "
                                   f"{opts.samples} samples a prompt: {samples} samples a prompt resolve the fall")
     needed = per * n
     short = {name: size for name, size in sizes.items() if size < needed}
@@ -188,7 +188,7 @@ class _Stage:
                 "cases": cases}
 
     def trained(self) -> dict:
-        parts = [*self.record.get("race", []), *self.record["parts"][1 if self.races else 0:]]
+        parts = self._spent_parts()
         steps = sum(e["steps"] for e in parts)
         end = self.record["end"]
         metrics_path = self._merge_metrics(parts)
@@ -289,9 +289,11 @@ class _Stage:
         return self.record["start"]["best"]
 
     def _spent(self) -> int:
-        start = self.record["start"]["spent"]
-        parts = [*self.record.get("race", []), *self.record["parts"][1 if self.races else 0:]]
-        return start + sum(e["steps"] for e in parts)
+        return self.record["start"]["spent"] + sum(e["steps"] for e in self._spent_parts())
+
+    def _spent_parts(self) -> list[dict]:
+        """Every part trained once: the race's (its winner's part is also the first of ``parts``), then the rest."""
+        return [*self.record.get("race", []), *self.record["parts"][1 if self.races else 0:]]
 
     def _measure(self, checkpoint: str, stream: str = "", sample: chk.ValidationSample | None = None):
         return (sample or self.sample).measure(checkpoint, device=_device(self.config), stream=stream,
@@ -309,7 +311,7 @@ class _Stage:
         return path
 
     def _lineage_end(self, checkpoint: str) -> int:
-        for e in [*self.record.get("race", []), *self.record["parts"]]:
+        for e in _entries(self.record):
             if e["checkpoint"] == checkpoint:
                 return e["lineage_start"] + e["steps"]
         return 0
@@ -336,8 +338,12 @@ class _Stage:
 
 def checkpoints(stage: dict) -> list[str]:
     """Every checkpoint a checked stage's parts made (the race's included); none for an unchecked stage."""
-    record = stage.get("check") or {}
-    return [e["checkpoint"] for e in [*record.get("race", []), *record.get("parts", [])]]
+    return [e["checkpoint"] for e in _entries(stage.get("check") or {})]
+
+
+def _entries(record: dict) -> list[dict]:
+    """A checked stage record's part entries: the race's, then the parts'."""
+    return [*record.get("race", []), *record.get("parts", [])]
 
 
 def _tell_the_ranking(stage: dict, record: dict) -> None:
