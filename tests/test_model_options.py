@@ -76,7 +76,7 @@ def test_a_bfloat16_job_records_its_dtype_and_its_ranking_says_where_fidelity_wa
     capsys.readouterr()
     ranked = rank_through_cli(path)
     assert ranked["meta"]["fidelity"] == measured(DEFAULT_SPEC, "bfloat16")
-    text = notice_for_split(str(tmp_path / "store"), "g", DEFAULT_SPEC.spec_id, "pool")
+    text = notice_for_split(str(path), "g", DEFAULT_SPEC.spec_id, "pool")
     if measured(DEFAULT_SPEC, "bfloat16") is None:  # not measured: the notice names the benchmark and the dtype
         assert text and BENCHMARK in text and "bfloat16" in text
     else:

@@ -37,7 +37,6 @@ COLLECT = ["--backend", "hf", "--samples", "6", "--max-new-tokens", "96", "--tem
            "--reward", "exact_numeric", "--seed", "3"]
 
 
-
 def store_through_cli(out: Path, *gradient_flags: str) -> Path:
     """The golden case's pool and ``val_a`` collected and their gradients stored under ``out/store`` (name
     ``g``) through the CLI, with ``gradient_flags`` added to the gradients job; returns the store."""
