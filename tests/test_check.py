@@ -296,6 +296,47 @@ def test_when_both_arms_fall_from_one_checkpoint_the_stage_widens(setup, monkeyp
     assert not any(e.get("widened_by") == "both_arms_fell" for e in parts)
 
 
+def test_at_the_whole_pool_a_fall_has_no_fallback_and_the_stage_trains_on(setup, monkeypatch):
+    """Every subset hurts, the whole pool too. From fraction 0.5 both arms fall and the stage widens to the whole
+    pool; there a fired screen is recorded as ``no_fallback`` (no confirmation read: nothing hangs on it) and the
+    next part trains on from the part that fell, not from the best: a restore could only train the same pool
+    again from the same checkpoint. A curriculum at fraction 1 from the start does not race identical subsets."""
+    reads = []
+
+    def counted(self, checkpoint, **kw):
+        reads.append(kw.get("stream", ""))
+        return _scripted(self, checkpoint)
+
+    trainer = PartTrainer(turn=0, drop=0.02, fallback_drop=0.02)  # small enough to stay inside [0, 1]
+    monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: trainer)
+    monkeypatch.setattr(chk.ValidationSample, "measure", counted)
+    config = make_config(setup, name="check-no-fallback", stages=2, steps_per_stage=8, select_fraction=0.5,
+                         check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False})
+    result = run_curriculum(config, root=setup["root"])
+    parts = _check(result, 0)["parts"]
+    assert [(e["fraction"], e["action"]) for e in parts] == [
+        (0.5, "reverted"), (0.5, "reverted"), (1.0, "no_fallback"), (1.0, "no_fallback")]
+    assert [e["change"] < -e["margin"] for e in parts] == [True] * 4  # every screen fired: the falls are real
+    assert [("confirm" in e) for e in parts] == [True, True, False, False]
+    state = json.loads((Path(setup["root"]) / "curricula" / "check-no-fallback" / "state.json").read_text())
+    record = state["stages"][0]["check"]
+    assert trainer.calls[3]["model"] == record["parts"][2]["checkpoint"]  # on from the part that fell, not the best
+    assert record["parts"][3]["then"]["checkpoint"] == record["parts"][3]["checkpoint"]
+    assert sum(r.startswith("confirm:0:") for r in reads) == 2 * 2  # both checkpoints, the two reversals only
+    assert "no_fallback" in record["end"]["cases"]
+    later = _check(result, 1)["parts"]  # the wider fraction stays, and every fall there is kept
+    assert [(e["fraction"], e["action"]) for e in later] == [(1.0, "no_fallback")] * 4
+
+    whole = PartTrainer(turn=0, drop=0.02, fallback_drop=0.02)
+    monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: whole)
+    first = _check(run_curriculum(make_config(setup, name="check-whole-pool", stages=1, steps_per_stage=8,
+                                              select_fraction=1.0,
+                                              check={"parts": 4, "samples": 8, "resolve": 0.5}),
+                                  root=setup["root"]), 0)
+    assert not first["race"] and len(whole.calls) == 4  # no race: four parts of two steps, nothing spent twice
+    assert [e["action"] for e in first["parts"]] == ["no_fallback"] * 4
+
+
 def test_a_lucky_best_reading_does_not_revert_a_plateau(setup, monkeypatch):
     """The model does not change (no step moves it), but the stage stream's reading of the first part's
     checkpoint is lucky (+0.2): later parts fall below that best on the stage stream, the fresh stream

@@ -41,7 +41,8 @@ def check_records(runs: list[dict]) -> dict:
 
 
 def stage_cases(records: dict) -> dict:
-    """method -> stage -> how many seeds saw each case (helped, reversed, saturated, both_arms_fell, flat)."""
+    """method -> stage -> how many seeds saw each case (helped, reversed, saturated, both_arms_fell,
+    no_fallback, flat)."""
     out: dict = {}
     for method, seeds in records.items():
         by_stage: dict = defaultdict(Counter)
@@ -96,7 +97,8 @@ def markdown_lines(report: dict) -> list[str]:
     lines = ["## The checked stages", "",
              "Each stage of the checked method trains in parts; after each the validation objective is measured "
              "and the stage keeps going, falls back (`reversed`: restored its best checkpoint and switched arm) or "
-             "widens its fraction (`saturated`; `both_arms_fell`: both arms fell from one checkpoint). "
+             "widens its fraction (`saturated`; `both_arms_fell`: both arms fell from one checkpoint); at the whole "
+             "pool a fall has no fallback and the part is kept (`no_fallback`). "
              "`helped`: the stage ended above its start by more than the "
              "check's margin. Seeds per case:", "",
              "| method | stage | cases | arms at the end | fraction at the end |", "|---|---|---|---|---|"]

@@ -44,14 +44,15 @@ def draw_all(out: Path, report: dict, scores: dict, ess: dict) -> list[str]:
 
 
 CHECKS_PNG = "checks_by_stage.png"
-_ACTION_MARKERS = {"kept": "o", "reverted": "X", "widened": "^", "unconfirmed": "d"}
+_ACTION_MARKERS = {"kept": "o", "reverted": "X", "widened": "^", "unconfirmed": "d", "no_fallback": "s"}
 
 
 def checks_plot(path: Path, records: dict) -> str:
     """One panel per stage of the checked method(s): the validation objective at the stage's start and after
     each part (x: steps into the stage), per seed, with the check's margin as an error bar; a cross marks a
     reversal (the stage went back to its best checkpoint and switched arm), a diamond a fall the fresh
-    reading did not confirm (kept), a triangle a widening."""
+    reading did not confirm (kept), a square a fall at the whole pool (kept: no fallback), a triangle a
+    widening."""
     import matplotlib.pyplot as plt
 
     method, seeds = sorted(records.items())[0]
@@ -68,7 +69,7 @@ def checks_plot(path: Path, records: dict) -> str:
                 xs.append(x)
                 ys.append(part["objective"])
                 errs.append(part.get("margin") or 0.0)
-                action = next((a for a in ("reverted", "unconfirmed") if a in part["action"]),
+                action = next((a for a in ("reverted", "unconfirmed", "no_fallback") if a in part["action"]),
                               "widened" if part.get("widened") else "kept")
                 marks.append(_ACTION_MARKERS[action])
             line = ax.errorbar(xs, ys, yerr=errs, capsize=2, lw=1, alpha=0.8, label=f"seed {seed}")

@@ -9,7 +9,9 @@ temperature) and decides, from the measured noise alone:
   the same prompts and random streams at both checkpoints, the SE from the per-prompt changes'
   unbiased variance), ``z`` one-sided at ``alpha`` Bonferroni-split over the stage's checks, *and* a
   fresh reading of both checkpoints confirms it (``confirmed``): on another random stream and on
-  validation prompts the check never read (``ValidationSample.draw_pair``). The best is chosen by its
+  validation prompts the check never read (``ValidationSample.draw_pair``). At the whole pool a
+  reversal has no fallback (no other subset, no wider fraction): the screen is ``no_fallback`` and the
+  part is kept (``without_fallback``). The best is chosen by its
   readings, so they are biased upward (the winner's curse: 24 false reversals on `skills` in issue 32's
   first round); a fresh stream alone left the bias of the prompts it was chosen on (round 2: 17 of 20
   confirmed reversals against a stage start chosen on the same prompts). Neither was chosen on the
@@ -176,6 +178,15 @@ def confirmed(screen: Verdict, fresh: Verdict) -> Verdict:
     if screen.action != "reverted" or fresh.action == "reverted":
         return screen
     return Verdict(screen.value, screen.change, screen.se, screen.margin, "unconfirmed")
+
+
+def without_fallback(screen: Verdict) -> Verdict:
+    """A fired screen with nowhere to fall back to (the whole pool: both arms select it and no fraction is
+    wider): recorded as ``no_fallback``, the part kept. A restore would train the same data again from the
+    same checkpoint (issue 32's revision 5, docs/demo.md)."""
+    if screen.action != "reverted":
+        return screen
+    return Verdict(screen.value, screen.change, screen.se, screen.margin, "no_fallback")
 
 
 def stream_seed(seed: int, stream: str) -> int:

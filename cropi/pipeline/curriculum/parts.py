@@ -10,7 +10,8 @@ curriculum resumes at the part it was in without repeating or losing a decision:
     start    the arm and fraction the stage begins with, its checkpoint and objective
     race     stage 0: the first part trained with each arm from theta_0 (the better goes on)
     parts    per part: arm, fraction, steps, checkpoint, the check's reading and action (and, when
-             the screen fired, its confirmation on held-out prompts and a fresh stream: `confirm`)
+             the screen fired below the whole pool, its confirmation on held-out prompts and a fresh
+             stream: `confirm`; at the whole pool there is no fallback: `no_fallback`, the part kept)
     end      the stage's checkpoint, objective, case(s), the arm and fraction later stages take
 
 Steps are counted as spent: every trained part counts, a reverted one and the race's loser included,
@@ -112,8 +113,10 @@ class _Stage:
         self.opts = config.check
         self.plan = record["plan"]
         self.arms = self.plan["arms"]
-        # stage 0 races the two arms over its first part, which needs a second part to go on with
-        self.races = self.opts.race and m == 0 and self.arms[0] != self.arms[1] and len(self.plan["steps"]) >= 2
+        # stage 0 races the two arms over its first part, which needs a second part to go on with, and two
+        # subsets that differ: at the whole pool both arms select every prompt
+        self.races = (self.opts.race and m == 0 and self.arms[0] != self.arms[1] and len(self.plan["steps"]) >= 2
+                      and config.select_fraction < 1)
         self.sample, held_out = chk.ValidationSample.draw_pair(
             {n: load_prompts(p) for n, p in config.validation.items()}, self.plan["prompts_per_set"], config.seed,
             self.plan["samples"])
@@ -182,6 +185,7 @@ class _Stage:
         widened_by = {e.get("widened_by", "saturation") for e in self.record["parts"] if e.get("widened")}
         cases = [c for c, hit in (("reversed", "reverted" in actions), ("saturated", "saturation" in widened_by),
                                   ("both_arms_fell", "both_arms_fell" in widened_by),
+                                  ("no_fallback", "no_fallback" in actions),
                                   ("helped", final.change > final.margin)) if hit] or ["flat"]
         return {"checkpoint": cur["checkpoint"], "arm": cur["arm"], "fraction": cur["fraction"], "values": values,
                 "objective": round(final.value, 6), "change": round(final.change, 6), "margin": round(final.margin, 6),
@@ -237,6 +241,8 @@ class _Stage:
     def _decide(self, entry: dict, first: bool = False) -> None:
         best = self._best()
         verdict = chk.judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]), self.plan["z"])
+        if verdict.action == "reverted" and entry["fraction"] >= 1:  # both arms select the whole pool and
+            verdict = chk.without_fallback(verdict)                # nothing is wider: keep the part (revision 5)
         if verdict.action == "reverted":  # the screen fired: read both again on a fresh stream
             verdict = chk.confirmed(verdict, self._confirm(entry, best))
         entry |= verdict.record()
