@@ -298,9 +298,10 @@ def test_when_both_arms_fall_from_one_checkpoint_the_stage_widens(setup, monkeyp
 
 def test_at_the_whole_pool_a_fall_has_no_fallback_and_the_stage_trains_on(setup, monkeypatch):
     """Every subset hurts, the whole pool too. From fraction 0.5 both arms fall and the stage widens to the whole
-    pool; there a fired screen is recorded as ``no_fallback`` (no confirmation read: nothing hangs on it) and the
-    next part trains on from the part that fell, not from the best: a restore could only train the same pool
-    again from the same checkpoint. A curriculum at fraction 1 from the start does not race identical subsets."""
+    pool. With ``at_whole_pool: keep`` (revision 5) a fired screen there is recorded as ``no_fallback`` (no
+    confirmation read: nothing hangs on it) and the next part trains on from the part that fell, not from the
+    best; by default (revision 4, which measured higher) it reverts as below the pool. A curriculum at fraction 1
+    from the start does not race identical subsets."""
     reads = []
 
     def counted(self, checkpoint, **kw):
@@ -311,7 +312,7 @@ def test_at_the_whole_pool_a_fall_has_no_fallback_and_the_stage_trains_on(setup,
     monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: trainer)
     monkeypatch.setattr(chk.ValidationSample, "measure", counted)
     config = make_config(setup, name="check-no-fallback", stages=2, steps_per_stage=8, select_fraction=0.5,
-                         check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False})
+                         check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False, "at_whole_pool": "keep"})
     result = run_curriculum(config, root=setup["root"])
     parts = _check(result, 0)["parts"]
     assert [(e["fraction"], e["action"]) for e in parts] == [
@@ -327,11 +328,21 @@ def test_at_the_whole_pool_a_fall_has_no_fallback_and_the_stage_trains_on(setup,
     later = _check(result, 1)["parts"]  # the wider fraction stays, and every fall there is kept
     assert [(e["fraction"], e["action"]) for e in later] == [(1.0, "no_fallback")] * 4
 
+    reverting = PartTrainer(turn=0, drop=0.02, fallback_drop=0.02)  # the default: a fall at the pool reverts
+    monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: reverting)
+    parts = _check(run_curriculum(config.model_copy(update={"name": "check-pool-reverts", "stages": 1,
+                                                            "check": CheckOptions(parts=4, samples=8, resolve=0.5,
+                                                                                  race=False)}),
+                                  root=setup["root"]), 0)["parts"]
+    assert [(e["fraction"], e["action"]) for e in parts] == [(0.5, "reverted"), (0.5, "reverted"),
+                                                              (1.0, "reverted"), (1.0, "reverted")]
+
     whole = PartTrainer(turn=0, drop=0.02, fallback_drop=0.02)
     monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: whole)
     first = _check(run_curriculum(make_config(setup, name="check-whole-pool", stages=1, steps_per_stage=8,
                                               select_fraction=1.0,
-                                              check={"parts": 4, "samples": 8, "resolve": 0.5}),
+                                              check={"parts": 4, "samples": 8, "resolve": 0.5,
+                                                     "at_whole_pool": "keep"}),
                                   root=setup["root"]), 0)
     assert not first["race"] and len(whole.calls) == 4  # no race: four parts of two steps, nothing spent twice
     assert [e["action"] for e in first["parts"]] == ["no_fallback"] * 4

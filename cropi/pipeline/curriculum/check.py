@@ -10,8 +10,8 @@ temperature) and decides, from the measured noise alone:
   unbiased variance), ``z`` one-sided at ``alpha`` Bonferroni-split over the stage's checks, *and* a
   fresh reading of both checkpoints confirms it (``confirmed``): on another random stream and on
   validation prompts the check never read (``ValidationSample.draw_pair``). At the whole pool a
-  reversal has no fallback (no other subset, no wider fraction): the screen is ``no_fallback`` and the
-  part is kept (``without_fallback``). The best is chosen by its
+  reversal has no other subset to go on with, only the best checkpoint; ``at_whole_pool: keep``
+  records the screen as ``no_fallback`` and keeps the part instead (``without_fallback``). The best is chosen by its
   readings, so they are biased upward (the winner's curse: 24 false reversals on `skills` in issue 32's
   first round); a fresh stream alone left the bias of the prompts it was chosen on (round 2: 17 of 20
   confirmed reversals against a stage start chosen on the same prompts). Neither was chosen on the
@@ -66,6 +66,11 @@ class CheckOptions(BaseModel):
         "held_out_prompts", description="what a fall is confirmed on (on a fresh random stream either way): "
                                         "validation prompts the check never read (a set needs twice the sample), "
                                         "or the check's own prompts (issue 32's revision 2)")
+    at_whole_pool: Literal["revert", "keep"] = Field(
+        "revert", description="a confirmed fall at the whole pool, where no other subset or wider fraction exists: "
+                              "restore the stage's best and train the pool on from it (revert), or record the "
+                              "screen as no_fallback and keep the part (keep: issue 32's revision 5, which measured "
+                              "lower on skills, docs/demo.md)")
 
 
 def z_value(p: float) -> float:

@@ -125,9 +125,11 @@ class CurriculumConfig(ScoringSettings):
                 doc.pop(later)
         doc["loss"] = self.loss.recorded()  # CROPI's estimator as before the choice existed
         doc["projection"] = self.projection.recorded()  # no factor fields unless the kind is factored
-        if doc["check"]["confirm_on"] == CheckOptions().confirm_on:
-            doc["check"].pop("confirm_on")  # added later: curricula started before keep their key
-        if doc["check"] == CheckOptions().model_dump(mode="json", exclude={"confirm_on"}):
+        later = ("confirm_on", "at_whole_pool")  # added later: curricula started before keep their key
+        for name in later:
+            if doc["check"][name] == getattr(CheckOptions(), name):
+                doc["check"].pop(name)
+        if doc["check"] == CheckOptions().model_dump(mode="json", exclude=set(later)):
             doc.pop("check")  # added later, on by default: curricula started before keep their key
         if doc["refresh"] is None:
             doc.pop("refresh")  # added later, as validation_groups

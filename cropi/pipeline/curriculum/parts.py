@@ -10,8 +10,8 @@ curriculum resumes at the part it was in without repeating or losing a decision:
     start    the arm and fraction the stage begins with, its checkpoint and objective
     race     stage 0: the first part trained with each arm from theta_0 (the better goes on)
     parts    per part: arm, fraction, steps, checkpoint, the check's reading and action (and, when
-             the screen fired below the whole pool, its confirmation on held-out prompts and a fresh
-             stream: `confirm`; at the whole pool there is no fallback: `no_fallback`, the part kept)
+             the screen fired, its confirmation on held-out prompts and a fresh stream: `confirm`;
+             with `at_whole_pool: keep`, a fall at the whole pool is `no_fallback` and the part kept)
     end      the stage's checkpoint, objective, case(s), the arm and fraction later stages take
 
 Steps are counted as spent: every trained part counts, a reverted one and the race's loser included,
@@ -241,8 +241,8 @@ class _Stage:
     def _decide(self, entry: dict, first: bool = False) -> None:
         best = self._best()
         verdict = chk.judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]), self.plan["z"])
-        if verdict.action == "reverted" and entry["fraction"] >= 1:  # both arms select the whole pool and
-            verdict = chk.without_fallback(verdict)                # nothing is wider: keep the part (revision 5)
+        if verdict.action == "reverted" and entry["fraction"] >= 1 and self.opts.at_whole_pool == "keep":
+            verdict = chk.without_fallback(verdict)  # both arms select the whole pool, nothing is wider (revision 5)
         if verdict.action == "reverted":  # the screen fired: read both again on a fresh stream
             verdict = chk.confirmed(verdict, self._confirm(entry, best))
         entry |= verdict.record()
