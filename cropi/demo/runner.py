@@ -6,13 +6,15 @@ Phases (each logged with its wall time):
             validation set and a held-out test split per targeted skill
 2. model    the warm-started tiny model theta_0 (shipped with the package for the built-in
             tasks, else built from the task's recipe)
-3. collect  offline trajectories of theta_0, once: pool (K=8) and validation prompts,
+3. workers  the worker processes started and their libraries imported (torch, transformers,
+            the pipeline), so no later phase's seconds, and no method's scoring, carry them
+4. collect  offline trajectories of theta_0, once: pool (K=8) and validation prompts,
             sharded over the worker processes. Every method and seed reuses them: they come
             from the behavior policy theta_0, which all runs share.
-4. score    POPI gradients of every split at theta_0 (shared by every CROPI seed's first stage)
-5. train    one curriculum per (method, seed), same lean GRPO trainer, steps and seeds, side by
+5. score    POPI gradients of every split at theta_0 (shared by every CROPI seed's first stage)
+6. train    one curriculum per (method, seed), same lean GRPO trainer, steps and seeds, side by
             side in the worker processes; the trainer reads the test splits every few steps
-6. report   report.json, report.md and the plots
+7. report   report.json, report.md and the plots
 
 All runs live under ``<out>/runs`` (see cropi.pipeline.curriculum); rerunning the demo
 with the same ``--out`` resumes where it stopped.
@@ -24,7 +26,7 @@ import concurrent.futures as cf
 import json
 import multiprocessing
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -32,7 +34,7 @@ from cropi.data import write_jsonl
 from cropi.demo.assets import place_model, task_splits
 from cropi.demo.log import say
 from cropi.demo.settings import DEFAULT_METHOD, ONLINE_METHODS, VARIANTS, DemoSettings, selection_of
-from cropi.demo.work import init_worker, run_collect, run_gradients, run_method
+from cropi.demo.work import init_worker, ready, run_collect, run_gradients, run_method
 from cropi.pipeline.curriculum import (CollectOptions, CurriculumConfig, CurriculumPaths, collect_jobs,
                                        gradient_jobs, scoring_splits)
 from cropi.tasks.base import Task
@@ -64,7 +66,10 @@ def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = Fals
     root = str(out / "runs")
     configs = [curriculum_config(settings, task, method, seed, model, data)
                for seed in range(settings.seeds) for method in run_order(settings.methods)]
-    with _executor(settings.workers) as pool:
+    with ExitStack() as stack:
+        with clock.phase("workers"):
+            pool = stack.enter_context(_executor(settings.workers))
+            _start(pool, settings.workers)
         # theta_0's collection and scoring serve every method's first stage (and a later run on the folder)
         reference = next((c for c in configs if c.selector == "cropi"), None) or curriculum_config(
             settings, task, "cropi", 0, model, data)
@@ -170,6 +175,16 @@ def _train(pool, configs: list[CurriculumConfig], root: str) -> list[dict]:
         runs.append(future.result() | {"method": methods[futures[future]]})  # the demo's method; "selection" the rule
         say(f"runs finished: {n}/{len(futures)} ({futures[future]})")
     return runs
+
+
+def _start(pool, workers: int, rounds: int = 600) -> None:
+    """Every worker process started and its libraries imported (``init_worker``): a pool spawns its
+    processes on demand, so tasks are handed out until each process has answered one."""
+    seen: set[int] = set()
+    for _ in range(rounds):
+        seen |= {f.result() for f in [pool.submit(ready) for _ in range(workers)]}
+        if len(seen) >= workers:
+            return
 
 
 def _shards(settings: DemoSettings) -> int:
