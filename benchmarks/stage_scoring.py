@@ -1,0 +1,127 @@
+"""A curriculum stage's scoring, an old revision against the working tree, side by side.
+
+The real situation: the checkpoints a `make demo` run trained (``--work``: its folder; the curriculum
+``--curriculum``, stages 1 to 4, each scored at its own start as the curriculum scores it) and theta_0's
+trajectories that run collected. Each side scores every stage into a fresh store (``score_checkpoint``,
+what the curriculum's score step calls), in a process of its own with the demo's one torch thread and
+its imports made before the clock starts; the sides alternate, their order rotating round by round,
+so load on a shared machine hits both alike. A stage's ranking must come out bitwise the same on both
+sides (the hash of its scores and order): a speedup that changed a score is not one.
+
+    python benchmarks/stage_scoring.py --work out/demo [--baseline REV] [--rounds 3] --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import environment, write_json  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_BASELINE = "0531a70"  # main before the packed batch was filled in numpy
+
+
+def child(work: Path, curriculum: str, root: Path) -> dict:
+    """Score stages 1-4 of ``curriculum`` at their starting checkpoints; seconds and score hashes."""
+    import torch
+
+    from cropi.demo.work import init_worker
+
+    init_worker()  # the demo worker's thread policy and imports
+    from cropi.pipeline.curriculum.config import CurriculumConfig
+    from cropi.pipeline.score import score_checkpoint
+    from cropi.store.rankings import read_ranking
+    from cropi.utils.fsio import resolve
+
+    state = json.loads((work / "runs" / "curricula" / curriculum / "state.json").read_text())
+    config = CurriculumConfig.model_validate(state["config"])
+    out = {}
+    for stage in state["stages"][1:]:
+        model = stage["scored"]["model"]
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(work / "runs" / "trajectories", root / "trajectories")
+        request = config.score_request(model, str(Path(config.model).resolve()))
+        began = time.perf_counter()
+        result = score_checkpoint(request, root=str(root), progress=lambda *a, **k: None)
+        seconds = time.perf_counter() - began
+        table, _ = read_ranking(*resolve(result.ranking))
+        digest = hashlib.sha256()  # every target's score and the fused one, in the ranking's order
+        for name in [c for c in table.column_names if c == "fused" or c.startswith("score:")] + ["prompt_id"]:
+            digest.update(json.dumps(table.column(name).to_pylist()).encode())
+        out[str(stage["index"])] = {"seconds": seconds, "score_sha256": digest.hexdigest()}
+    import cropi
+
+    return {"stages": out, "torch_threads": torch.get_num_threads(), "cropi_from": str(Path(cropi.__file__).parent)}
+
+
+def extract(rev: str, into: Path) -> Path:
+    """``cropi/`` at ``rev`` under ``into`` (importable from there)."""
+    data = subprocess.run(["git", "-C", str(REPO), "archive", rev, "cropi"], check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def side(code: Path, work: Path, curriculum: str, scratch: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(code))
+    proc = subprocess.run([sys.executable, __file__, "--child", "--work", str(work), "--curriculum", curriculum,
+                           "--scratch", str(scratch)], env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--work", required=True, type=Path, help="a `cropi demo` output folder")
+    p.add_argument("--curriculum", default="checked-seed0")
+    p.add_argument("--baseline", default=DEFAULT_BASELINE, help="git revision of the old side")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child:
+        print(json.dumps(child(a.work.resolve(), a.curriculum, a.scratch)))
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        sides = {"baseline": extract(a.baseline, tmp / "baseline"), "working_tree": REPO}
+        runs: dict[str, list[dict]] = {name: [] for name in sides}
+        names = list(sides)
+        for r in range(a.rounds):
+            for name in names[r % 2:] + names[:r % 2]:
+                runs[name].append(side(sides[name], a.work.resolve(), a.curriculum, tmp / "scratch"))
+                print(f"round {r} {name}: " + ", ".join(f"stage {m} {v['seconds']:.2f}s" for m, v in
+                                                         runs[name][-1]["stages"].items()), flush=True)
+    stages = list(runs["baseline"][0]["stages"])
+    total = {name: [sum(v["seconds"] for v in run["stages"].values()) for run in rs] for name, rs in runs.items()}
+    same = all(run["stages"][m]["score_sha256"] == runs["baseline"][0]["stages"][m]["score_sha256"]
+               for rs in runs.values() for run in rs for m in stages)
+    best = {name: min(t) for name, t in total.items()}
+    payload = {"command": "python benchmarks/stage_scoring.py --work DIR --rounds %d" % a.rounds,
+               "baseline": a.baseline, "work": str(a.work), "curriculum": a.curriculum, "stages": stages,
+               "seconds_per_round": total, "best_s": best,
+               "working_tree_over_baseline": best["working_tree"] / best["baseline"],
+               "paired_ratio_per_round": [w / b for w, b in zip(total["working_tree"], total["baseline"])],
+               "rankings_bitwise_equal": same, "runs": runs, "environment": environment()}
+    path = write_json(a.out, "stage_scoring.json", payload)
+    print(f"working tree / baseline: {payload['working_tree_over_baseline']:.3f} (best of {a.rounds}); rankings "
+          f"bitwise equal: {same}; {path}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
