@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from cropi.contracts import NAME_HELP, is_name
 from cropi.errors import InvalidInputError, format_validation_error
 from cropi.generation import CollectOptions
 from cropi.pipeline.curriculum.check import CheckOptions
-from cropi.pipeline.rank import SelectorName
 from cropi.pipeline.requests import RefreshOptions, ScoreRequest, ScoringSettings, validation_names
 from cropi.selection import RANKING_SELECTORS, SELECTORS, get_selector
 from cropi.utils.hashing import short_hash
