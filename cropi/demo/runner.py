@@ -179,7 +179,8 @@ def _train(pool, configs: list[CurriculumConfig], root: str) -> list[dict]:
 
 def _start(pool, workers: int, rounds: int = 600) -> None:
     """Every worker process started and its libraries imported (``init_worker``): a pool spawns its
-    processes on demand, so tasks are handed out until each process has answered one."""
+    processes on demand, so tasks are handed out until each process has answered one (at most ``rounds``
+    rounds; a process that never answers shows in the phases after this one)."""
     seen: set[int] = set()
     for _ in range(rounds):
         seen |= {f.result() for f in [pool.submit(ready) for _ in range(workers)]}

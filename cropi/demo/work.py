@@ -20,9 +20,10 @@ def init_worker() -> None:
     Every demo phase (collection, scoring, training, evaluation) runs at the one thread count every
     model build runs at (``cropi.models.warmstart.TORCH_THREADS``), in a worker process or inline
     alike, so one worker or two and any machine core count give the same numbers: a float32
-    reduction split over more threads adds in another order. The imports (about 8 s a process on 2
-    cores) are made here, timed as the demo's ``workers`` phase, rather than inside the first task:
-    there they were charged to theta_0's collection, that is to the scoring of every ranking method."""
+    reduction split over more threads adds in another order. The imports (9 s for the demo's two
+    processes on 2 idle cores, benchmarks/results/demo/idle/phases.json) are made here, timed as the demo's
+    ``workers`` phase, rather than inside the first task: there they were charged to theta_0's collection,
+    that is to the scoring of every ranking method."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import transformers
 
