@@ -12,8 +12,8 @@ temperature) and decides, from the measured noise alone:
   validation prompts the check never read (``ValidationSample.draw_pair``). At the whole pool a
   reversal has no other subset to go on with, only the best checkpoint; ``at_whole_pool: keep``
   records the screen as ``no_fallback`` and keeps the part instead (``without_fallback``; it
-  measured lower, so the default reverts). The best is chosen by its readings, so they are biased upward (the winner's curse: 24 false reversals on `skills` in issue 32's
-  first round); a fresh stream alone left the bias of the prompts it was chosen on (round 2: 17 of 20
+  measured lower, so the default reverts). The best is chosen by its readings, so they are biased
+  upward (the winner's curse: 24 false reversals on `skills` in issue 32's first round); a fresh stream alone left the bias of the prompts it was chosen on (round 2: 17 of 20
   confirmed reversals against a stage start chosen on the same prompts). Neither was chosen on the
   fresh pair, so its test errs at the stated rate. A screen the fresh pair does not confirm is
   ``unconfirmed`` and the part is kept;
