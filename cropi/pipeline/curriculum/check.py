@@ -6,17 +6,17 @@ pass rate of a fixed sample of their prompts, ``samples`` draws a prompt at the 
 temperature) and decides, from the measured noise alone:
 
 - ``reverted``: the objective fell below the stage's best by more than ``z * SE`` (``paired_change``:
-  the same prompts and random streams at both checkpoints, the SE from the per-prompt changes'
-  unbiased variance), ``z`` one-sided at ``alpha`` Bonferroni-split over the stage's checks, *and* a
-  fresh reading of both checkpoints confirms it (``confirmed``): on another random stream and on
-  validation prompts the check never read (``ValidationSample.draw_pair``). At the whole pool a
-  reversal has no other subset to go on with, only the best checkpoint; ``at_whole_pool: keep``
-  records the screen as ``no_fallback`` and keeps the part instead (``without_fallback``; it
-  measured lower, so the default reverts). The best is chosen by its readings, so they are biased
-  upward (the winner's curse: 24 false reversals on `skills` in issue 32's first round); a fresh stream alone left the bias of the prompts it was chosen on (round 2: 17 of 20
-  confirmed reversals against a stage start chosen on the same prompts). Neither was chosen on the
-  fresh pair, so its test errs at the stated rate. A screen the fresh pair does not confirm is
-  ``unconfirmed`` and the part is kept;
+  the same prompts and random streams at both checkpoints, the SE from the per-prompt changes' unbiased
+  variance), ``z`` one-sided at ``alpha`` Bonferroni-split over the stage's checks, *and* a fresh
+  reading of both checkpoints confirms it (``confirmed``): on another random stream and on validation
+  prompts the check never read (``ValidationSample.draw_pair``). The best is chosen by its readings, so
+  they are biased upward (the winner's curse: 24 false reversals on `skills` in issue 32's first round);
+  a fresh stream alone left the bias of the prompts it was chosen on (round 2: 17 of 20 confirmed
+  reversals against a stage start chosen on the same prompts). Neither was chosen on the fresh pair, so
+  its test errs at the stated rate. A screen the fresh pair does not confirm is ``unconfirmed`` and the
+  part is kept. At the whole pool a reversal has no other subset to go on with, only the best
+  checkpoint; ``at_whole_pool: keep`` records the screen as ``no_fallback`` and keeps the part instead
+  (``without_fallback``; it measured lower, so the default reverts);
 - ``widened``: the part's share of all-equal reward groups (zero gradient) exceeds the pool's expected
   share (``flat_share``) by more than ``z_{1-alpha}`` binomial standard errors; or both arms have now
   fallen (confirmed) from the same checkpoint, which is evidence against the fraction, not against one arm
