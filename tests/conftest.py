@@ -46,8 +46,8 @@ def pytest_collection_modifyitems(config, items):
     (``ATEN_CPU_CAPABILITY=default``, or a CPU without AVX2) and there is no GPU. vLLM's CPU backend
     needs AVX2 or AVX-512: its sampler's ``torch.compile``d rank kernel does not build there (torch
     2.13's inductor emits ``at::vec`` code with no vector ISA picked; measured: under
-    ``ATEN_CPU_CAPABILITY=default`` on an AVX2 machine every vLLM test that samples failed, 10 of them). The golden case skips a capability
-    the CPU lacks in the same way."""
+    ``ATEN_CPU_CAPABILITY=default`` on an AVX2 machine every vLLM test that samples failed, 10 of
+    them). The golden case skips a capability the CPU lacks in the same way."""
     import torch
 
     if torch.cuda.is_available() or torch.backends.cpu.get_cpu_capability() != "DEFAULT":

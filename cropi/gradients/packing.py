@@ -99,8 +99,8 @@ def build_packed(groups: Sequence[tuple[list[int], list[list[int]], list[list[fl
     """``(prompt, responses, behavior log-probs)`` per row: one packed row each.
 
     Filled in numpy and handed to torch once: the same values as writing each slice into torch
-    tensors, at a tenth of the time (the lists demo's 1,400-prompt scoring spent 1.0 of its 8.3 s
-    here through some 100,000 small torch writes)."""
+    tensors (one small torch op a slice), at a tenth of the time (142 against 14 ms for 64 prompts
+    of 8 responses); the lists demo's stage scoring spent 1.0 of its 8.3 s here before."""
     widths = [len(p) + sum(len(r) for r in rs) for p, rs, _ in groups]
     total, keep = max(widths), max(w - len(p) for w, (p, _, _) in zip(widths, groups)) + 1
     n = sum(len(rs) for _, rs, _ in groups)
