@@ -63,7 +63,11 @@ def child(work: Path, curriculum: str, root: Path) -> dict:
         out[str(stage["index"])] = {"seconds": seconds, "score_sha256": digest.hexdigest()}
     import cropi
 
-    return {"stages": out, "torch_threads": torch.get_num_threads(), "cropi_from": str(Path(cropi.__file__).parent)}
+    # where cropi came from, relative to the side's code root (raises if it was not that side's): no path of
+    # this machine goes into the results
+    side_root = Path(os.environ["PYTHONPATH"]).resolve()
+    return {"stages": out, "torch_threads": torch.get_num_threads(),
+            "cropi_from": str(Path(cropi.__file__).resolve().parent.relative_to(side_root))}
 
 
 def extract(rev: str, into: Path) -> Path:
@@ -112,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                for rs in runs.values() for run in rs for m in stages)
     best = {name: min(t) for name, t in total.items()}
     payload = {"command": "python benchmarks/stage_scoring.py --work DIR --rounds %d" % a.rounds,
-               "baseline": a.baseline, "work": str(a.work), "curriculum": a.curriculum, "stages": stages,
+               "baseline": a.baseline, "work": a.work.name, "curriculum": a.curriculum, "stages": stages,
                "seconds_per_round": total, "best_s": best,
                "working_tree_over_baseline": best["working_tree"] / best["baseline"],
                "paired_ratio_per_round": [w / b for w, b in zip(total["working_tree"], total["baseline"])],
