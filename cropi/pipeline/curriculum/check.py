@@ -16,7 +16,9 @@ temperature) and decides, from the measured noise alone:
   its test errs at the stated rate. A screen the fresh pair does not confirm is ``unconfirmed`` and the
   part is kept. At the whole pool a reversal has no other subset to go on with, only the best
   checkpoint; ``at_whole_pool: keep`` records the screen as ``no_fallback`` and keeps the part instead
-  (``without_fallback``; it measured lower, so the default reverts);
+  (``without_fallback``; it measured lower, so the default reverts). The best is the curriculum's so far
+  (``best_of: run``): a stage starts with the previous stage's best where it reads above the stage's start,
+  so falls each inside one stage's margin cannot add up over the stages;
 - ``widened``: the part's share of all-equal reward groups (zero gradient) exceeds the pool's expected
   share (``flat_share``) by more than ``z_{1-alpha}`` binomial standard errors; or both arms have now
   fallen (confirmed) from the same checkpoint, which is evidence against the fraction, not against one arm
@@ -71,6 +73,10 @@ class CheckOptions(BaseModel):
                               "restore the stage's best and train the pool on from it (revert), or record the "
                               "screen as no_fallback and keep the part (keep: issue 32's revision 5, which measured "
                               "lower on skills, docs/demo.md)")
+    best_of: Literal["stage", "run"] = Field(
+        "run", description="the best checkpoint a fall is measured against and restored to: the stage's own, or "
+                           "the curriculum's so far (a stage starts with the previous stage's best when it reads "
+                           "higher: falls below one stage's margin cannot add up over stages; issue 32's revision 6)")
 
 
 def z_value(p: float) -> float:
@@ -159,7 +165,7 @@ class Verdict:
     """One check's reading and decision (``record()`` goes into the stage record)."""
 
     value: float
-    change: Optional[float]  # against the stage's best (None at a stage start)
+    change: Optional[float]  # against the best (None at a stage start)
     se: Optional[float]
     margin: Optional[float]
     action: str

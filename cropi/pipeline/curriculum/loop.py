@@ -34,7 +34,7 @@ def run_curriculum(config: CurriculumConfig, *, root: str | Path, progress: Prog
         progress(f"curriculum {config.name}", m, config.stages)
         if "trained" not in state.stage(m):
             _run_stage(config, paths, state, m, pool, trainer, _stage_progress(progress, config.name, m))
-        _release(trainer, state, m)  # again on a resume: a kill may have come between the save and the release
+        _release(trainer, state, m, config.stages)  # again on a resume: a kill may have come between the save and the release
     progress(f"curriculum {config.name}", config.stages, config.stages)
     state.doc["finished"] = True
     state.save()
@@ -62,13 +62,19 @@ def _run_stage(config: CurriculumConfig, paths: CurriculumPaths, state: StageSta
     steps.write_metrics(paths, m, stage)
 
 
-def _release(trainer, state: StageState, m: int) -> None:
-    """Once stage ``m`` is trained the curriculum trains on from its end alone (a checked stage restores only
-    within itself): the trainer may drop the run state behind every other checkpoint the stage trained from or
-    made. The initial model is the caller's and is never released."""
+def _release(trainer, state: StageState, m: int, stages: int) -> None:
+    """Once stage ``m`` is trained the curriculum trains on from its end, and a checked stage may restore the
+    curriculum's best (``check.best_of: run``; with ``stage`` a stage restores only within itself): the trainer
+    may drop the run state behind every other checkpoint the stage trained from or made, and behind the best it
+    was handed if it found a better one. The initial model is the caller's and is never released."""
     stage = state.stage(m)
-    made = set(parts.checkpoints(stage)) | ({state.stage_model(m)} if m else set())
-    for checkpoint in sorted(made - {stage["trained"]["checkpoint"]}):
+    made = set(parts.checkpoints(stage))
+    if m:
+        made |= {state.stage_model(m)} | parts.carried_best(state.stage(m - 1))
+    keep = {stage["trained"]["checkpoint"], state.stage_model(0)}
+    if m < stages - 1:
+        keep |= parts.carried_best(stage)
+    for checkpoint in sorted(made - keep):
         trainer.release(checkpoint)
 
 

@@ -14,6 +14,9 @@ curriculum resumes at the part it was in without repeating or losing a decision:
              with `at_whole_pool: keep`, a fall at the whole pool is `no_fallback` and the part kept)
     end      the stage's checkpoint, objective, case(s), the arm and fraction later stages take
 
+The best a fall is measured against starts as the previous stage's (``best_of: run``) where it reads higher
+than the stage's start: a restore may go back to an earlier stage's checkpoint.
+
 Steps are counted as spent: every trained part counts, a reverted one and the race's loser included,
 and the stage's metrics file (what reports read) gives every row the curriculum's spent step.
 """
@@ -139,10 +142,32 @@ class _Stage:
             measured, seconds = self._measure(model)
             values = chk.as_lists(measured)
         spent = self.state.stage(self.m - 1)["trained"]["global_step"] if self.m else 0
+        best = {"stage": self.m, "part": -1, "checkpoint": model, "values": values}
+        if self.opts.best_of == "run":
+            carried, read_s = self._carried(model, values)
+            best, seconds = carried or best, seconds + read_s
         return {"arm": arm, "fraction": fraction, "checkpoint": model, "values": values,
                 "objective": round(chk.objective(chk.from_lists(values)), 6), "check_s": round(seconds, 3),
-                "spent": spent, "best": {"part": -1, "checkpoint": model, "values": values},
-                "current": {"arm": arm, "fraction": fraction, "checkpoint": model}}
+                "spent": spent, "best": best, "current": {"arm": arm, "fraction": fraction, "checkpoint": model}}
+
+    def _carried(self, model: str, values: dict) -> tuple[dict | None, float]:
+        """The previous stage's best (the curriculum's so far), read on this stage's sample, where it reads above
+        this stage's start ``values``; and the seconds reading it took. None at stage 0, after an unchecked
+        stage, or where the start is that best or reads as high."""
+        previous = self.state.stage(self.m - 1).get("check") if self.m else None
+        best = ((previous or {}).get("end") or {}).get("best")
+        if not best or best["checkpoint"] == model:
+            return None, 0.0
+        plan = previous["plan"]
+        if (plan["prompts_per_set"], plan["samples"]) == (self.plan["prompts_per_set"], self.plan["samples"]):
+            theirs, seconds = best["values"], 0.0  # the same prompts and stream: the same reading
+        else:
+            measured, seconds = self._measure(best["checkpoint"])
+            theirs = chk.as_lists(measured)
+        if chk.objective(chk.from_lists(theirs)) <= chk.objective(chk.from_lists(values)):
+            return None, seconds
+        return {"stage": best.get("stage", self.m - 1), "part": best["part"], "checkpoint": best["checkpoint"],
+                "values": theirs}, seconds
 
     def race(self) -> None:
         """Stage 0's first part with each arm from theta_0; the better objective goes on (ties: the primary).
@@ -187,9 +212,12 @@ class _Stage:
                                   ("both_arms_fell", "both_arms_fell" in widened_by),
                                   ("no_fallback", "no_fallback" in actions),
                                   ("helped", final.change > final.margin)) if hit] or ["flat"]
-        return {"checkpoint": cur["checkpoint"], "arm": cur["arm"], "fraction": cur["fraction"], "values": values,
-                "objective": round(final.value, 6), "change": round(final.change, 6), "margin": round(final.margin, 6),
-                "cases": cases}
+        out = {"checkpoint": cur["checkpoint"], "arm": cur["arm"], "fraction": cur["fraction"], "values": values,
+               "objective": round(final.value, 6), "change": round(final.change, 6), "margin": round(final.margin, 6),
+               "cases": cases}
+        if self.opts.best_of == "run":  # what the next stage starts its best from
+            out["best"] = dict(self._best())
+        return out
 
     def trained(self) -> dict:
         parts = self._spent_parts()
@@ -258,7 +286,7 @@ class _Stage:
         else:  # kept, or a screen the fresh reading did not confirm
             checkpoint = entry["checkpoint"]
             if verdict.value > chk.objective(chk.from_lists(best["values"])):
-                self.record["start"]["best"] = {"part": entry["index"], "checkpoint": checkpoint,
+                self.record["start"]["best"] = {"stage": self.m, "part": entry["index"], "checkpoint": checkpoint,
                                                 "values": entry["values"]}
             if (self.opts.widen and fraction < 1 and entry.get("zero_share") is not None
                     and self.plan["pool_flat_share"] is not None and chk.saturated(entry["zero_share"], entry["groups"], self.plan["pool_flat_share"], self.opts)):
@@ -284,7 +312,8 @@ class _Stage:
         fresh = chk.judge(mine, theirs, self.plan["z"])
         entry["confirm"] = fresh.record() | {"stream": stream, "on": self.opts.confirm_on,
                                              "prompts": self.confirm_sample.size(), "values": chk.as_lists(mine),
-                                             "best_values": chk.as_lists(theirs), "best_part": best["part"]}
+                                             "best_values": chk.as_lists(theirs), "best_part": best["part"],
+                                             "best_stage": best.get("stage", self.m)}
         entry["check_s"] = round(entry["check_s"] + s1 + s2, 3)
         return fresh
 
@@ -317,7 +346,9 @@ class _Stage:
         return path
 
     def _lineage_end(self, checkpoint: str) -> int:
-        for e in _entries(self.record):
+        """The trainer's step at ``checkpoint``: a part of this stage, or of an earlier one (a restored best)."""
+        records = [self.record] + [self.state.stage(k).get("check") or {} for k in range(self.m - 1, -1, -1)]
+        for e in (e for r in records for e in _entries(r)):
             if e["checkpoint"] == checkpoint:
                 return e["lineage_start"] + e["steps"]
         return 0
@@ -340,6 +371,12 @@ class _Stage:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
         tmp.replace(out)
         return str(out)
+
+
+def carried_best(stage: dict) -> set[str]:
+    """The checkpoint a later stage may restore from this one's record: its end's best (``best_of: run``)."""
+    best = ((stage.get("check") or {}).get("end") or {}).get("best")
+    return {best["checkpoint"]} if best else set()
 
 
 def checkpoints(stage: dict) -> list[str]:

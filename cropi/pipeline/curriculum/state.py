@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from cropi.errors import ConflictError
+from cropi.pipeline.curriculum.check import from_lists, objective
 from cropi.pipeline.curriculum.config import CurriculumConfig
 from cropi.pipeline.requests import store_path
 from cropi.utils.fsio import read_json, resolve, write_json_atomic
@@ -102,9 +103,19 @@ def summary(doc: dict, stages: int | None = None) -> dict:
             "stages": rows, "final_checkpoint": done[-1]["checkpoint"] if done else None}
 
 
+def _best_summary(best: dict | None) -> dict | None:
+    """Where the stage's best stands at its end (the curriculum's so far with ``best_of: run``): its stage,
+    part (-1: that stage's start) and objective."""
+    if not best:
+        return None
+    return {"stage": best.get("stage"), "part": best.get("part"),
+            "objective": round(objective(from_lists(best["values"])), 6)}
+
+
 def check_summary(stage: dict) -> dict:
     """A stage's checks as its answer shows them: per check the arm, fraction, objective, change against
-    the stage's best, its SE and margin, and the action; the stage's case(s); or why it ran unchecked."""
+    the best, its SE and margin, and the action; the best at the stage's end; the stage's case(s); or why it
+    ran unchecked."""
     trained, record = stage.get("trained", {}), stage.get("check") or {}
     if not trained.get("checked"):
         return {"checked": False, "reason": trained.get("unchecked") or record.get("unchecked")}
@@ -115,10 +126,11 @@ def check_summary(stage: dict) -> dict:
     def check(e: dict) -> dict:  # a screen's fresh reading, when it fired: its change, SE, margin, verdict
         fresh = e.get("confirm")
         return {k: e.get(k) for k in keys} | ({"confirm": {k: fresh.get(k) for k in (
-            "objective", "change", "se", "margin", "action", "stream", "on", "prompts", "best_part")}} if fresh else {})
+            "objective", "change", "se", "margin", "action", "stream", "on", "prompts", "best_part", "best_stage")}} if fresh else {})
 
     return {"checked": True, "plan": {k: v for k, v in record.get("plan", {}).items() if k != "variance"},
-            "start": {"arm": start.get("arm"), "fraction": start.get("fraction"), "objective": start.get("objective")},
+            "start": {"arm": start.get("arm"), "fraction": start.get("fraction"), "objective": start.get("objective"),
+                      "best": _best_summary(start.get("best"))},
             "race": [check(e) for e in record.get("race", [])],
             "parts": [check(e) for e in record.get("parts", [])],
             "end": {k: end.get(k) for k in ("arm", "fraction", "objective", "change", "margin", "cases")}}
