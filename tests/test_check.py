@@ -591,3 +591,43 @@ def test_verl_runs_a_checked_stage_as_shorter_runs_and_restores_by_branching(set
     state = json.loads((Path(setup["root"]) / "curricula" / "check-verl-parts" / "state.json").read_text())
     made = [e["checkpoint"] for m in (0, 1) for e in state["stages"][m]["check"]["parts"]]
     assert len(made) == 8 and all((Path(c) / "model.safetensors").is_file() for c in made)
+
+
+def test_a_best_carried_from_a_stage_read_on_another_sample_is_read_again(setup, monkeypatch):
+    """The carried best's readings are reused only where both stages' plans read the same sample (prompts a
+    set, draws a prompt); where the next stage's plan reads another, the best's checkpoint is read again on
+    that stage's sample before anything is compared with it."""
+    from cropi.pipeline.curriculum import parts
+
+    reads = []
+
+    def recorded(self, checkpoint, stream="", **kw):
+        reads.append((checkpoint, self.size()["val_a"], stream))
+        return _balanced_noise(self, checkpoint, stream)
+
+    real_plan = parts._plan
+
+    def plan(config, paths, state, m, trainer):  # stage 1 reads one prompt a set more than stage 0
+        doc = real_plan(config, paths, state, m, trainer)
+        doc["plan"]["prompts_per_set"] += m
+        return doc
+
+    monkeypatch.setattr(parts, "_plan", plan)
+    trainer = PartTrainer(turn=2, step=0.05, drop=0.003)  # the best is stage 0's first part; later parts fall
+    # inside the margin (the ratchet test's drift)
+    monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: trainer)
+    monkeypatch.setattr(chk.ValidationSample, "measure", recorded)
+    config = make_config(setup, name="check-resampled", stages=2, steps_per_stage=8,
+                         check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False})
+    run_curriculum(config, root=setup["root"])
+    state = json.loads((Path(setup["root"]) / "curricula" / "check-resampled" / "state.json").read_text())
+    first, second = (state["stages"][m]["check"] for m in (0, 1))
+    n = first["plan"]["prompts_per_set"]
+    assert second["plan"]["prompts_per_set"] == n + 1
+    best = first["end"]["best"]
+    assert best["checkpoint"] == first["parts"][0]["checkpoint"] != second["start"]["checkpoint"]
+    assert reads.count((best["checkpoint"], n, "")) == 1  # read once on stage 0's sample (its part's check)
+    assert reads.count((best["checkpoint"], n + 1, "")) == 1  # and again, on stage 1's, when it was carried
+    carried = second["start"]["best"]
+    assert {k: carried[k] for k in ("stage", "part", "checkpoint")} == {"stage": 0, "part": 0,
+                                                                         "checkpoint": best["checkpoint"]}
