@@ -382,13 +382,13 @@ def test_falls_inside_each_stages_margin_add_up_unless_the_best_carries_across_s
     best = max(e["objective"] for e in parts)
     end = _check(ratchet, 2)["end"]
     assert best - end["objective"] > max(e["margin"] for e in parts)  # the falls added up past a margin
-    assert _check(ratchet, 2)["start"]["best"]["stage"] == 2  # each stage measured against its own
+    assert _check(ratchet, 2)["end"]["best"]["stage"] == 2  # each stage measured against its own
 
     trainer.calls.clear()
     carried = run_curriculum(make_config(setup, name="check-carried", **base | {"check": base["check"] | {
         "best_of": "run"}}), root=setup["root"])
     later = [(m, e) for m in (1, 2) for e in _check(carried, m)["parts"]]
-    assert _check(carried, 1)["start"]["best"] == {"stage": 0, "part": 0, "objective": pytest.approx(0.4)}
+    assert _check(carried, 1)["end"]["best"] == {"stage": 0, "part": 0, "objective": pytest.approx(0.4)}
     reverted = [(m, e) for m, e in later if e["action"] == "reverted"]
     assert reverted, [e["action"] for _, e in later]
     m, first = reverted[0]

@@ -34,7 +34,8 @@ def run_curriculum(config: CurriculumConfig, *, root: str | Path, progress: Prog
         progress(f"curriculum {config.name}", m, config.stages)
         if "trained" not in state.stage(m):
             _run_stage(config, paths, state, m, pool, trainer, _stage_progress(progress, config.name, m))
-        _release(trainer, state, m, config.stages)  # again on a resume: a kill may have come between the save and the release
+        # again on a resume: a kill may have come between the save and the release
+        _release(trainer, state, m, config.stages)
     progress(f"curriculum {config.name}", config.stages, config.stages)
     state.doc["finished"] = True
     state.save()

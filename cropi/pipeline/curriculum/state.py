@@ -104,8 +104,8 @@ def summary(doc: dict, stages: int | None = None) -> dict:
 
 
 def _best_summary(best: dict | None) -> dict | None:
-    """Where the stage's best stands at its end (the curriculum's so far with ``best_of: run``): its stage,
-    part (-1: that stage's start) and objective."""
+    """The best checkpoint at a stage's end (the curriculum's so far with ``best_of: run``, else the stage's):
+    its stage, part (-1: that stage's start) and objective."""
     if not best:
         return None
     return {"stage": best.get("stage"), "part": best.get("part"),
@@ -123,17 +123,18 @@ def check_summary(stage: dict) -> dict:
             "widened", "widened_by", "race", "n_prompts")
     start, end = record.get("start", {}), record.get("end", {})
 
+    fresh_keys = ("objective", "change", "se", "margin", "action", "stream", "on", "prompts", "best_part", "best_stage")
+
     def check(e: dict) -> dict:  # a screen's fresh reading, when it fired: its change, SE, margin, verdict
         fresh = e.get("confirm")
-        return {k: e.get(k) for k in keys} | ({"confirm": {k: fresh.get(k) for k in (
-            "objective", "change", "se", "margin", "action", "stream", "on", "prompts", "best_part", "best_stage")}} if fresh else {})
+        return {k: e.get(k) for k in keys} | ({"confirm": {k: fresh.get(k) for k in fresh_keys}} if fresh else {})
 
     return {"checked": True, "plan": {k: v for k, v in record.get("plan", {}).items() if k != "variance"},
-            "start": {"arm": start.get("arm"), "fraction": start.get("fraction"), "objective": start.get("objective"),
-                      "best": _best_summary(start.get("best"))},
+            "start": {"arm": start.get("arm"), "fraction": start.get("fraction"), "objective": start.get("objective")},
             "race": [check(e) for e in record.get("race", [])],
             "parts": [check(e) for e in record.get("parts", [])],
-            "end": {k: end.get(k) for k in ("arm", "fraction", "objective", "change", "margin", "cases")}}
+            "end": {k: end.get(k) for k in ("arm", "fraction", "objective", "change", "margin", "cases")} | (
+                {"best": _best_summary(start.get("best"))} if end else {})}
 
 
 def stage_cost(stage: dict) -> dict:
