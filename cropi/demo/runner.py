@@ -28,6 +28,7 @@ import multiprocessing
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 from cropi.data import write_jsonl
@@ -73,10 +74,10 @@ def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = Fals
         # theta_0's collection and scoring serve every method's first stage (and a later run on the folder)
         reference = next((c for c in configs if c.selector == "cropi"), None) or curriculum_config(
             settings, task, "cropi", 0, model, data)
-        with clock.phase("collect"):
-            trajectories = _collect(pool, settings, reference, root, model)
-        with clock.phase("score"):
-            _score_initial(pool, settings, reference, root, model, trajectories)
+        with clock.phase("collect") as phase:
+            trajectories, phase.worked = _collect(pool, settings, reference, root, model)
+        with clock.phase("score") as phase:
+            phase.worked = _score_initial(pool, settings, reference, root, model, trajectories)
         with clock.phase("train"):
             runs = _train(pool, configs, root)
     with clock.phase("report"):
@@ -150,21 +151,26 @@ def run_label(method: str) -> str:
     return method.replace("+", "-")
 
 
-def _collect(pool, settings: DemoSettings, config: CurriculumConfig, root: str, model: str) -> dict[str, str]:
+def _collect(pool, settings: DemoSettings, config: CurriculumConfig, root: str,
+             model: str) -> tuple[dict[str, str], bool]:
+    """theta_0's trajectories of every split, and whether any prompt was collected (a resume finds them done)."""
     # The transformers backend, sharded over the workers: for a model this small and responses
     # this short, a vLLM engine's 20-40 s start costs more than the whole collection.
     paths = CurriculumPaths(root, config.name)
     jobs = collect_jobs(config, paths, model, scoring_splits(config))
     n = _shards(settings)
-    _wait([pool.submit(run_collect, job.model_dump(mode="json"), (i, n)) for job in jobs.values() for i in range(n)])
-    return {split: job.out for split, job in jobs.items()}
+    done = _wait([pool.submit(run_collect, job.model_dump(mode="json"), (i, n))
+                  for job in jobs.values() for i in range(n)])
+    return {split: job.out for split, job in jobs.items()}, any(r["collected"] for r in done)
 
 
 def _score_initial(pool, settings: DemoSettings, config: CurriculumConfig, root: str, model: str,
-                   trajectories: dict[str, str]) -> None:
+                   trajectories: dict[str, str]) -> bool:
+    """theta_0's gradients of every split; whether any prompt's gradient was computed."""
     jobs = gradient_jobs(config, CurriculumPaths(root, config.name), model, trajectories)
     n = _shards(settings)
-    _wait([pool.submit(run_gradients, job.model_dump(mode="json"), (i, n)) for job in jobs for i in range(n)])
+    done = _wait([pool.submit(run_gradients, job.model_dump(mode="json"), (i, n)) for job in jobs for i in range(n)])
+    return any(sum(r["computed"].values()) for r in done)
 
 
 def _train(pool, configs: list[CurriculumConfig], root: str) -> list[dict]:
@@ -192,9 +198,8 @@ def _shards(settings: DemoSettings) -> int:
     return max(1, settings.workers)
 
 
-def _wait(futures: list) -> None:
-    for f in cf.as_completed(futures):
-        f.result()  # re-raise the first failure here
+def _wait(futures: list) -> list:
+    return [f.result() for f in cf.as_completed(futures)]  # re-raises the first failure here
 
 
 def _executor(workers: int):
@@ -233,7 +238,10 @@ class _Clock:
     """Wall seconds per phase, logged as each ends, and with the CPU seconds kept in
     ``<out>/phases.json`` summed over every invocation on the folder. A resumed demo finds the
     shared collection and scoring done and spends about nothing on them: its own clock alone
-    would drop their cost from the wall-clock figures and the CPU total."""
+    would drop their cost from the wall-clock figures and the CPU total. A phase that says it did
+    no work (``phase.worked = False``: a resume found theta_0's collection or scoring done) adds
+    nothing to the folder's seconds: those seconds are the stage-0 charge of every ranking method,
+    and each resume used to add its check of the stores to them (2-3 s a resume, x workers)."""
 
     def __init__(self, out: Path):
         self.path = out / "phases.json"
@@ -249,12 +257,14 @@ class _Clock:
         return round(self.before["cpu_s"] + cpu_seconds(), 1)
 
     @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
+    def phase(self, name: str) -> Iterator[SimpleNamespace]:
         say(f"phase {name} ...")
         start = time.monotonic()
-        yield
-        self.seconds[name] = round(time.monotonic() - start, 2)
-        say(f"phase {name} done in {self.seconds[name]:.1f}s")
+        phase = SimpleNamespace(worked=True)
+        yield phase
+        seconds = round(time.monotonic() - start, 2)
+        self.seconds[name] = seconds if phase.worked else 0.0
+        say(f"phase {name} done in {seconds:.1f}s" + ("" if phase.worked else " (nothing left to do: not counted)"))
         write_json_atomic(*resolve(str(self.path)), {"seconds": self.totals(), "cpu_s": self.cpu_s()})
 
 
