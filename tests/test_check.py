@@ -594,9 +594,9 @@ def test_verl_runs_a_checked_stage_as_shorter_runs_and_restores_by_branching(set
 
 
 def test_a_best_carried_from_a_stage_read_on_another_sample_is_read_again(setup, monkeypatch):
-    """The carried best's readings are reused only where both stages' plans read the same sample (prompts a
-    set, draws a prompt); where the next stage's plan reads another, the best's checkpoint is read again on
-    that stage's sample before anything is compared with it."""
+    """The previous stage's readings (of the carried best, and of its end, this stage's start) are reused only
+    where both stages' plans read the same sample (prompts a set, draws a prompt); where the next stage's plan
+    reads another, those checkpoints are read again on that stage's sample before anything is compared."""
     from cropi.pipeline.curriculum import parts
 
     reads = []
@@ -628,6 +628,9 @@ def test_a_best_carried_from_a_stage_read_on_another_sample_is_read_again(setup,
     assert best["checkpoint"] == first["parts"][0]["checkpoint"] != second["start"]["checkpoint"]
     assert reads.count((best["checkpoint"], n, "")) == 1  # read once on stage 0's sample (its part's check)
     assert reads.count((best["checkpoint"], n + 1, "")) == 1  # and again, on stage 1's, when it was carried
+    # so is stage 1's start, stage 0's end: its reading on stage 0's sample pairs with no reading of stage 1's
+    assert reads.count((second["start"]["checkpoint"], n, "")) == 1
+    assert reads.count((second["start"]["checkpoint"], n + 1, "")) == 1
     carried = second["start"]["best"]
     assert {k: carried[k] for k in ("stage", "part", "checkpoint")} == {"stage": 0, "part": 0,
                                                                          "checkpoint": best["checkpoint"]}

@@ -136,11 +136,8 @@ class _Stage:
         model = self.state.stage_model(self.m)
         arm, fraction = ((previous["arm"], previous["fraction"]) if previous else
                          (self.arms[0], self.config.select_fraction))
-        if previous and previous["checkpoint"] == model and previous.get("values"):
-            values, seconds = previous["values"], 0.0
-        else:
-            measured, seconds = self._measure(model)
-            values = chk.as_lists(measured)
+        earlier = previous["values"] if previous and previous["checkpoint"] == model else None
+        values, seconds = self._reading(model, earlier)
         spent = self.state.stage(self.m - 1)["trained"]["global_step"] if self.m else 0
         best = {"stage": self.m, "part": -1, "checkpoint": model, "values": values}
         if self.opts.best_of == "run":
@@ -158,16 +155,24 @@ class _Stage:
         best = ((previous or {}).get("end") or {}).get("best")
         if not best or best["checkpoint"] == model:
             return None, 0.0
-        plan = previous["plan"]
-        if (plan["prompts_per_set"], plan["samples"]) == (self.plan["prompts_per_set"], self.plan["samples"]):
-            theirs, seconds = best["values"], 0.0  # the same prompts and stream: the same reading
-        else:
-            measured, seconds = self._measure(best["checkpoint"])
-            theirs = chk.as_lists(measured)
+        theirs, seconds = self._reading(best["checkpoint"], best["values"])
         if chk.objective(chk.from_lists(theirs)) <= chk.objective(chk.from_lists(values)):
             return None, seconds
         return {"stage": best.get("stage", self.m - 1), "part": best["part"], "checkpoint": best["checkpoint"],
                 "values": theirs}, seconds
+
+    def _reading(self, checkpoint: str, earlier: dict | None) -> tuple[dict, float]:
+        """``checkpoint``'s readings on this stage's sample, and the seconds they took: ``earlier`` (the previous
+        stage's readings of it) where that stage's plan read the same sample (prompts a set, draws a prompt: the
+        same prompts and streams give the same reading), else measured now."""
+        plan = {}
+        if self.m:
+            plan = (self.state.stage(self.m - 1).get("check") or {}).get("plan") or {}
+        if earlier and (plan.get("prompts_per_set"), plan.get("samples")) == (self.plan["prompts_per_set"],
+                                                                             self.plan["samples"]):
+            return earlier, 0.0
+        measured, seconds = self._measure(checkpoint)
+        return chk.as_lists(measured), seconds
 
     def race(self) -> None:
         """Stage 0's first part with each arm from theta_0; the better objective goes on (ties: the primary).
