@@ -14,8 +14,9 @@ OUT     ?= out
 #
 # The installs download about 2 GB. A CI run once died on one cut connection (pyarrow's wheel stopped at
 # 14 of 55 MB six times in a row: pip's default 5 resumes), so each install resumes a download up to 50
-# times and, if it still fails, runs again after a pause (3 tries; pip's cache keeps the wheels it
-# finished, so a retry fetches only what was missing). pip itself is pinned, as the packages are.
+# times and, if it still fails, runs again after a pause (3 tries). A retry downloads again what its failed
+# try had not installed: pip's HTTP cache stays empty on these machines (`pip cache info`: 0 files after
+# both venvs). pip itself is pinned, as the packages are.
 PIP_VERSION := 26.3
 comma       := ,
 PIP_NET     := --retries 10 --resume-retries 50
