@@ -61,6 +61,60 @@ def test_the_sample_size_is_the_smallest_that_resolves_the_fall():
         assert n == resolved[0]
 
 
+def test_one_sets_margin_is_scipys_paired_t_test_and_two_sets_welchs():
+    """The screen's test against scipy's: one set is the paired t-test at ``n - 1`` degrees of freedom; two sets
+    are Welch's (the mean of two set means has the SE and degrees of freedom of their difference, so scipy's
+    unequal-variance test of ``d_a`` against ``-d_b`` has the same statistic and df). A normal quantile, a
+    pooled df or a df of ``sum n_j - 1`` would each disagree on some of these draws."""
+    from scipy import stats
+
+    rng = np.random.default_rng(3)
+    z = statistics.NormalDist().inv_cdf(1 - 0.05 / 4)
+    disagree = {"t": 0, "normal": 0}
+    for trial in range(400):
+        n_a, n_b = int(rng.integers(3, 12)), int(rng.integers(3, 30))
+        before = {"a": rng.binomial(4, 0.5, n_a) / 4, "b": rng.binomial(4, 0.5, n_b) / 4}
+        shift = rng.uniform(-0.5, 0.1)
+        after = {"a": np.clip(before["a"] + shift + rng.normal(0, 0.3, n_a), 0, 1),
+                 "b": np.clip(before["b"] + rng.normal(0, rng.uniform(0.05, 0.6), n_b), 0, 1)}
+        da, db = after["a"] - before["a"], after["b"] - before["b"]
+        if min(da.var(), db.var()) < 1e-4:
+            continue  # (nearly) constant differences: SE about 0, where scipy itself warns of lost precision
+        one = stats.ttest_rel(after["a"], before["a"], alternative="less")
+        two = stats.ttest_ind(da, -db, equal_var=False, alternative="less")
+        for sets, ref in (({"a"}, one), ({"a", "b"}, two)):
+            if abs(ref.pvalue - 0.05 / 4) < 1e-6:
+                continue  # on the boundary: rounding decides
+            want = ref.pvalue < 0.05 / 4
+            pick = lambda d: {k: d[k] for k in sets}  # noqa: E731
+            for test in disagree:
+                got = chk.judge(pick(after), pick(before), z, test).action == "reverted"
+                disagree[test] += got != want
+            _, _, df = chk.paired_change_df(pick(after), pick(before))
+            assert df == pytest.approx(float(ref.df), rel=1e-9)
+    assert sum(disagree.values()) and disagree["t"] == 0, disagree
+    assert disagree["normal"] > 0  # the normal quantile is a different test on these small sets
+
+
+def test_under_no_change_the_t_margin_reverts_at_its_stated_rate_and_the_normal_one_above_it():
+    """Simulated readings of two checkpoints that do not differ (k = 4 draws at per-prompt pass rates uniform in
+    0.05-0.95, 5 prompts, one set; the screen's level 0.05 over 4 checks): the share of reversals with ``t`` is
+    within Monte Carlo error of the stated 0.0125, with the normal quantile well above it (0.041 in 40,000
+    nulls, docs/demo.md's revision 7)."""
+    rng = np.random.default_rng(7)
+    z = statistics.NormalDist().inv_cdf(1 - 0.05 / 4)
+    trials, n, k = 4000, 5, 4
+    fired = {"t": 0, "normal": 0}
+    for _ in range(trials):
+        p = rng.uniform(0.05, 0.95, n)
+        a, b = {"v": rng.binomial(k, p) / k}, {"v": rng.binomial(k, p) / k}
+        for test in fired:
+            fired[test] += chk.judge(a, b, z, test).action == "reverted"
+    stated, mc = 0.05 / 4, math.sqrt(0.0125 * 0.9875 / trials)
+    assert fired["t"] / trials <= stated + 3 * mc
+    assert fired["normal"] / trials >= stated + 6 * mc
+
+
 def test_the_pools_all_equal_share_enumerates_every_draw_of_n_rollouts():
     k, n = 8, 5
     correct = [0, 1, 3, 5, 8, 7]

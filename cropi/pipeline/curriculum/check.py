@@ -5,9 +5,11 @@ module measures the *validation objective* (the mean over the targeted validatio
 pass rate of a fixed sample of their prompts, ``samples`` draws a prompt at the trainer's
 temperature) and decides, from the measured noise alone:
 
-- ``reverted``: the objective fell below the stage's best by more than ``z * SE`` (``paired_change``:
+- ``reverted``: the objective fell below the stage's best by more than ``t * SE`` (``paired_change``:
   the same prompts and random streams at both checkpoints, the SE from the per-prompt changes' unbiased
-  variance), ``z`` one-sided at ``alpha`` Bonferroni-split over the stage's checks, *and* a fresh
+  variance), ``t`` Student's one-sided quantile at ``alpha`` Bonferroni-split over the stage's checks, at the
+  SE's Welch-Satterthwaite degrees of freedom (revision 7: the SE is estimated from the prompts read, and
+  the normal quantile erred above the stated rate, most at the small plans of low-variance sets), *and* a fresh
   reading of both checkpoints confirms it (``confirmed``): on another random stream and on validation
   prompts the check never read (``ValidationSample.draw_pair``). The best is chosen by its readings, so
   they are biased upward (the winner's curse: 24 false reversals on `skills` in issue 32's first round);
@@ -73,6 +75,12 @@ class CheckOptions(BaseModel):
                               "restore the stage's best and train the pool on from it (revert), or record the "
                               "screen as no_fallback and keep the part (keep: issue 32's revision 5, which measured "
                               "lower on skills, docs/demo.md)")
+    test: Literal["t", "normal"] = Field(
+        "t", description="the reference distribution of a screen's and a confirmation's change over its SE: "
+                         "Student's t at the Welch-Satterthwaite degrees of freedom of the SE (the SE is estimated "
+                         "from the prompts read, so under no change the ratio follows t), or the normal (issue 32's "
+                         "revisions 1-6, which err above the stated rate: 0.0171 against 0.0125 at 21 prompts, "
+                         "docs/demo.md)")
     best_of: Literal["stage", "run"] = Field(
         "run", description="the best checkpoint a fall is measured against and restored to: the stage's own, or "
                            "the curriculum's so far (a stage starts with the previous stage's best when it reads "
@@ -95,11 +103,33 @@ def paired_change(after: Mapping[str, np.ndarray], before: Mapping[str, np.ndarr
     Both read the same prompts of every set, so per set the change is the mean of the per-prompt
     differences ``d`` and its variance ``var(d) / n`` (unbiased, n - 1); the objective weighs the ``J``
     sets equally: ``SE^2 = sum_j var_j(d) / (J^2 n_j)``."""
+    change, se, _ = paired_change_df(after, before)
+    return change, se
+
+
+def paired_change_df(after: Mapping[str, np.ndarray], before: Mapping[str, np.ndarray]) -> tuple[float, float, float]:
+    """``paired_change`` and the Welch-Satterthwaite degrees of freedom of its SE:
+    ``(sum_j u_j)^2 / sum_j u_j^2 / (n_j - 1)`` with ``u_j = var_j(d) / n_j`` (the ``J^2`` cancels). One set:
+    ``n - 1``, the paired t-test's. Where every set's differences are constant (SE 0) the margin is 0 whatever
+    the quantile; the degrees of freedom are then ``sum_j (n_j - 1)``."""
     sets = sorted(before)
     diffs = [np.asarray(after[s], dtype=np.float64) - np.asarray(before[s], dtype=np.float64) for s in sets]
     mean = float(np.mean([d.mean() for d in diffs]))
-    var = sum((d.var(ddof=1) if len(d) > 1 else 0.25) / len(d) for d in diffs) / len(sets) ** 2
-    return mean, math.sqrt(var)
+    parts = [((d.var(ddof=1) if len(d) > 1 else 0.25) / len(d), max(len(d) - 1, 1)) for d in diffs]
+    var = sum(u for u, _ in parts) / len(sets) ** 2
+    denominator = sum(u * u / dof for u, dof in parts)
+    df = sum(u for u, _ in parts) ** 2 / denominator if denominator > 0 else float(sum(dof for _, dof in parts))
+    return mean, math.sqrt(var), df
+
+
+def critical(z: float, df: float, test: str) -> float:
+    """The one-sided critical value at the level ``Phi(z)`` (the plan keeps the normal quantile ``z``): ``z``
+    itself for the normal test, Student's quantile at ``df`` degrees of freedom for ``t``."""
+    if test == "normal":
+        return z
+    from scipy.stats import t as student  # scipy: the t quantile (Student's inverse CDF is not in the stdlib)
+
+    return float(student.ppf(_NORMAL.cdf(z), df))
 
 
 def objective(values: Mapping[str, np.ndarray]) -> float:
@@ -176,10 +206,12 @@ class Verdict:
                 "action": self.action}
 
 
-def judge(values: Mapping[str, np.ndarray], best: Mapping[str, np.ndarray], z: float) -> Verdict:
-    """``reverted`` when the objective fell below the best's by more than ``z`` SEs, else ``kept``."""
-    change, se = paired_change(values, best)
-    margin = z * se
+def judge(values: Mapping[str, np.ndarray], best: Mapping[str, np.ndarray], z: float,
+          test: str = "normal") -> Verdict:
+    """``reverted`` when the objective fell below the best's by more than ``critical`` SEs (at the level of the
+    normal quantile ``z``, from Student's t at the SE's degrees of freedom with ``test="t"``), else ``kept``."""
+    change, se, df = paired_change_df(values, best)
+    margin = critical(z, df, test) * se
     return Verdict(objective(values), change, se, margin, "reverted" if change < -margin else "kept")
 
 

@@ -89,7 +89,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
     smallest = min(sizes.values())
     fit = chk.fit_samples(v, opts, sets, checks, smallest // per) if smallest < per * n else None
     samples, n = fit or (opts.samples, n)
-    plan = {"steps": steps, "z": round(z, 6), "variance": variance, "prompts_per_set": n, "samples": samples,
+    plan = {"steps": steps, "z": round(z, 6), "test": opts.test, "variance": variance, "prompts_per_set": n, "samples": samples,
             "arms": [config.selector, opts.fallback], "rollouts": trainer.options.rollouts,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
@@ -210,7 +210,7 @@ class _Stage:
         cur, start = self._current(), self.record["start"]
         last = next((e for e in reversed(self.record["parts"]) if e["checkpoint"] == cur["checkpoint"]), None)
         values = last["values"] if last else self._best()["values"]
-        final = chk.judge(chk.from_lists(values), chk.from_lists(start["values"]), self.plan["z"])
+        final = self._judge(chk.from_lists(values), chk.from_lists(start["values"]))
         actions = [e["action"] for e in self.record["parts"]]
         widened_by = {e.get("widened_by", "saturation") for e in self.record["parts"] if e.get("widened")}
         cases = [c for c, hit in (("reversed", "reverted" in actions), ("saturated", "saturation" in widened_by),
@@ -273,7 +273,7 @@ class _Stage:
 
     def _decide(self, entry: dict, first: bool = False) -> None:
         best = self._best()
-        verdict = chk.judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]), self.plan["z"])
+        verdict = self._judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]))
         if verdict.action == "reverted" and entry["fraction"] >= 1 and self.opts.at_whole_pool == "keep":
             verdict = chk.without_fallback(verdict)  # both arms select the whole pool, nothing is wider (revision 5)
         if verdict.action == "reverted":  # the screen fired: read both again on a fresh stream
@@ -307,6 +307,11 @@ class _Stage:
         return any("reverted" in e["action"] and e["arm"] != entry["arm"] and e["fraction"] == entry["fraction"]
                    and e["then"]["checkpoint"] == checkpoint for e in self.record["parts"])
 
+    def _judge(self, values: dict, best: dict) -> chk.Verdict:
+        """``chk.judge`` at the plan's level and test (a plan written before revision 7 has no ``test``: the
+        normal quantile it was planned with, so a resumed stage decides as it began)."""
+        return chk.judge(values, best, self.plan["z"], self.plan.get("test", "normal"))
+
     def _confirm(self, entry: dict, best: dict) -> chk.Verdict:
         """Both checkpoints read on a stream of their own (this stage and part) and on the confirmation's
         prompts (``confirm_on``), judged as the screen was; the readings go into the part's record
@@ -314,7 +319,7 @@ class _Stage:
         stream = f"confirm:{self.m}:{entry['index']}"
         mine, s1 = self._measure(entry["checkpoint"], stream, self.confirm_sample)
         theirs, s2 = self._measure(best["checkpoint"], stream, self.confirm_sample)
-        fresh = chk.judge(mine, theirs, self.plan["z"])
+        fresh = self._judge(mine, theirs)
         entry["confirm"] = fresh.record() | {"stream": stream, "on": self.opts.confirm_on,
                                              "prompts": self.confirm_sample.size(), "values": chk.as_lists(mine),
                                              "best_values": chk.as_lists(theirs), "best_part": best["part"],
