@@ -107,7 +107,8 @@ def paired_change(after: Mapping[str, np.ndarray], before: Mapping[str, np.ndarr
     return change, se
 
 
-def paired_change_df(after: Mapping[str, np.ndarray], before: Mapping[str, np.ndarray]) -> tuple[float, float, float]:
+def paired_change_df(after: Mapping[str, np.ndarray],
+                     before: Mapping[str, np.ndarray]) -> tuple[float, float, float]:
     """``paired_change`` and the Welch-Satterthwaite degrees of freedom of its SE:
     ``(sum_j u_j)^2 / sum_j u_j^2 / (n_j - 1)`` with ``u_j = var_j(d) / n_j`` (the ``J^2`` cancels). One set:
     ``n - 1``, the paired t-test's. Where every set's differences are constant (SE 0) the margin is 0 whatever
@@ -206,8 +207,7 @@ class Verdict:
                 "action": self.action}
 
 
-def judge(values: Mapping[str, np.ndarray], best: Mapping[str, np.ndarray], z: float,
-          test: str = "normal") -> Verdict:
+def judge(values: Mapping[str, np.ndarray], best: Mapping[str, np.ndarray], z: float, test: str) -> Verdict:
     """``reverted`` when the objective fell below the best's by more than ``critical`` SEs (at the level of the
     normal quantile ``z``, from Student's t at the SE's degrees of freedom with ``test="t"``), else ``kept``."""
     change, se, df = paired_change_df(values, best)

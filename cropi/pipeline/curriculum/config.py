@@ -124,7 +124,8 @@ class CurriculumConfig(ScoringSettings):
                 doc.pop(later)
         doc["loss"] = self.loss.recorded()  # CROPI's estimator as before the choice existed
         doc["projection"] = self.projection.recorded()  # no factor fields unless the kind is factored
-        later = ("confirm_on", "at_whole_pool", "best_of", "test")  # added later: curricula started before keep their key
+        # added later: curricula started before keep their key
+        later = ("confirm_on", "at_whole_pool", "best_of", "test")
         for name in later:
             if doc["check"][name] == getattr(CheckOptions(), name):
                 doc["check"].pop(name)

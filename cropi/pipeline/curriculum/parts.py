@@ -89,8 +89,8 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
     smallest = min(sizes.values())
     fit = chk.fit_samples(v, opts, sets, checks, smallest // per) if smallest < per * n else None
     samples, n = fit or (opts.samples, n)
-    plan = {"steps": steps, "z": round(z, 6), "test": opts.test, "variance": variance, "prompts_per_set": n, "samples": samples,
-            "arms": [config.selector, opts.fallback], "rollouts": trainer.options.rollouts,
+    plan = {"steps": steps, "z": round(z, 6), "test": opts.test, "variance": variance, "prompts_per_set": n,
+            "samples": samples, "arms": [config.selector, opts.fallback], "rollouts": trainer.options.rollouts,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
