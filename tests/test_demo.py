@@ -333,6 +333,15 @@ def _check_report(out, quick: DemoSettings, methods) -> dict:
                for v in seed.values())
     assert all(seed["0"]["scoring"] > 0 and len(seed) == quick.stages for seed in costs["cropi"].values())
     assert all(v["checks"] == 0 for seed in costs["cropi"].values() for v in seed.values())
+    # the trainer's test-split evaluations are apart from every method's training: training is the stage's steps
+    # (what the wall-clock curves count), to within a stage's load and save
+    for method, seeds in costs.items():
+        for seed, stages in seeds.items():
+            for m, v in stages.items():
+                folder = out / "runs" / "curricula" / f"{method}-seed{seed}" / f"stage-{m}"
+                log = folder / "metrics.jsonl" if (folder / "metrics.jsonl").is_file() else folder / "train" / "metrics.jsonl"
+                steps = sum(json.loads(line).get("step_s", 0.0) for line in log.read_text().splitlines() if line)
+                assert v["evaluation"] > 0 and steps <= v["training"] < steps + 0.5 * v["evaluation"] + 2.0
     if DEFAULT_METHOD in methods:  # every check and decision of every stage of every seed, and its cost
         assert all(v["checks"] > 0 for seed in costs[DEFAULT_METHOD].values() for v in seed.values())
         checks = report["checks"][DEFAULT_METHOD]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cropi.data import write_jsonl, write_verl_parquet
+from cropi.pipeline.curriculum.state import stage_cost
 from cropi.models import build_tiny_model, load_causal_lm
 from cropi.rewards import register_reward
 from cropi.tasks.skills import make_splits
@@ -144,6 +145,13 @@ def test_two_stages_continue_one_run_with_evaluation(model_dir, tmp_path):
     evals = [r["step"] for r in rows if "eval" in r]
     assert evals == [0, 2, 3, 4, 5]  # step 0 once, every 2 global steps, and each stage's end
     assert all(math.isfinite(r["loss"]) for r in rows if "eval" not in r)
+    # the test-split evaluations are reported apart, and a stage's cost leaves them out of its training
+    first_evals = [json.loads(line)["eval_s"] for line in open(first.metrics_path) if '"eval"' in line]
+    assert first.metrics["eval_s"] == pytest.approx(sum(first_evals), abs=1e-3) and first.metrics["eval_s"] > 0
+    cost = stage_cost({"scored": {"seconds": 1.5}, "trained": {"metrics": first.metrics}})
+    assert cost["evaluation"] == first.metrics["eval_s"]
+    assert cost["training"] == pytest.approx(first.metrics["runtime_s"] - first.metrics["eval_s"], abs=1e-3)
+    assert 0 < cost["training"] < first.metrics["runtime_s"] and cost["scoring"] == 1.5
     before, after = load_causal_lm(model_dir).state_dict(), load_causal_lm(second.checkpoint).state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert (tmp_path / "s0" / "trainer_state" / "optimizer.pt").is_file()

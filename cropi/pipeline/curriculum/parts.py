@@ -231,7 +231,8 @@ class _Stage:
         metrics_path = self._merge_metrics(parts)
         last = self.record["parts"][-1]
         seconds = {"train": sum(e["train_s"] for e in parts), "select": sum(e.get("select_s", 0.0) for e in parts),
-                   "check": self.record["start"]["check_s"] + sum(e["check_s"] for e in parts)}
+                   "check": self.record["start"]["check_s"] + sum(e["check_s"] for e in parts),
+                   "eval": sum(e["metrics"].get("eval_s") or 0.0 for e in parts)}
         metrics = dict(last["metrics"]) | {f"{k}_s": round(v, 3) for k, v in seconds.items()}
         shares = [e["zero_share"] for e in parts if e.get("zero_share") is not None]
         if shares:

@@ -138,8 +138,12 @@ def check_summary(stage: dict) -> dict:
 
 
 def stage_cost(stage: dict) -> dict:
-    """A stage's seconds: scoring (its ranking, and re-selections for the check), checks, training."""
+    """A stage's seconds: scoring (its ranking, and re-selections for the check), checks, training, and apart
+    from them ``evaluation``: the trainer's evaluations of the test splits (``eval_files``: the demo's curves),
+    which a run without them would not spend, so ``training`` leaves them out."""
     scored, metrics = stage.get("scored", {}), stage.get("trained", {}).get("metrics", {})
+    evaluation = metrics.get("eval_s") or 0.0
     return {"scoring": round((scored.get("seconds") or 0.0) + (metrics.get("select_s") or 0.0), 3),
             "checks": metrics.get("check_s") or 0.0,
-            "training": metrics.get("train_s", metrics.get("runtime_s")) or 0.0}
+            "training": round((metrics.get("train_s", metrics.get("runtime_s")) or 0.0) - evaluation, 3),
+            "evaluation": evaluation}
