@@ -224,10 +224,11 @@ class PartTrainer:
     name = "parts"
     runs_in_parts = True
 
-    def __init__(self, *, turn=10**9, step=0.01, drop=0.05, crash_at=None, fallback_drop=None):
+    def __init__(self, *, turn=10**9, step=0.01, drop=0.05, crash_at=None, fallback_drop=None, fallback_step=None):
         self.options = LeanOptions(batch_prompts=4, rollouts=8, max_new_tokens=6)
         self.turn, self.step, self.drop, self.crash_at = turn, step, drop, crash_at
         self.fallback_drop = fallback_drop  # the fallback's subset hurts too (-fallback_drop a step)
+        self.fallback_step = 2 * step if fallback_step is None else fallback_step  # its gain a step otherwise
         self.calls: list[dict] = []
         self.released: list[str] = []
 
@@ -245,7 +246,7 @@ class PartTrainer:
         for _ in range(steps):
             lineage += 1
             if arm == "diverse":
-                quality += 2 * self.step if self.fallback_drop is None else -self.fallback_drop
+                quality += self.fallback_step if self.fallback_drop is None else -self.fallback_drop
             else:
                 quality += self.step if lineage <= self.turn else -self.drop
         out = Path(out_dir)
@@ -295,6 +296,7 @@ def test_a_stage_that_helps_keeps_going_and_spends_exactly_its_steps(setup, monk
     assert first["race"][1]["arm"] == "diverse"  # the fallback's subset improved faster: it won the race
     assert [e["action"] for e in first["parts"]][1:] == ["kept"] * (len(first["parts"]) - 1)
     assert "helped" in first["end"]["cases"] and second["start"]["arm"] == "diverse"
+    assert not second["race"]  # no reversal in stage 0: stage 1 goes on with the race's winner, no race
     spent = [c["steps"] for c in trainer.calls]
     assert sum(spent) == 2 * 8  # the race's losing part counts: no stage spends more than its steps
     stages = result["stages"]
@@ -336,6 +338,30 @@ def test_a_reversal_restores_the_best_checkpoint_and_switches_arm(setup, monkeyp
     made = [e["checkpoint"] for m in (0, 1) for e in state["stages"][m]["check"]["parts"]]
     assert sorted(set(trainer.released)) == sorted(set(made) - {ends[1]})
     assert setup["model"] not in trainer.released and ends[0] in trainer.released
+
+
+@pytest.mark.parametrize("rerace", ["after_reversal", "never"])
+def test_a_stage_after_a_confirmed_reversal_races_its_arms_again(setup, monkeypatch, rerace):
+    """The primary wins stage 0's race (it helps for the run's first 3 steps), then falls and is reverted: stage 1
+    races both arms again from its start (revision 8), where the primary now falls and the fallback wins; with
+    ``rerace: never`` stage 1 goes on with the fallback the reversal switched to, unraced (revision 7)."""
+    trainer = PartTrainer(turn=3, drop=0.2, fallback_step=0.005)
+    result = _run(setup, monkeypatch, trainer, f"check-rerace-{rerace}",
+                  check={"parts": 4, "samples": 8, "resolve": 0.5, "rerace": rerace})
+    first, second = _check(result, 0), _check(result, 1)
+    assert [(e["arm"], e["race"]) for e in first["race"]] == [("diverse", "lost"), ("cropi", "won")]
+    assert "reversed" in first["end"]["cases"] and first["end"]["arm"] == "diverse"
+    stage1 = [c for c in trainer.calls if c["stage"] == 1]
+    start = result["stages"][0]["checkpoint"]
+    if rerace == "after_reversal":
+        assert [(e["arm"], e["race"]) for e in second["race"]] == [("cropi", "lost"), ("diverse", "won")]
+        assert [(c["arm"], c["model"]) for c in stage1[:2]] == [("cropi", start), ("diverse", start)]
+        assert all(c["arm"] == "diverse" for c in stage1[2:])
+    else:
+        assert not second["race"] and all(c["arm"] == "diverse" for c in stage1)
+        assert stage1[0]["model"] == start
+    assert sum(c["steps"] for c in stage1) == 8  # the losing part is spent out of the stage's own steps
+    assert result["stages"][1]["global_step"] == 16
 
 
 def test_when_both_arms_fall_from_one_checkpoint_the_stage_widens(setup, monkeypatch):
@@ -569,6 +595,27 @@ def test_a_killed_curriculum_resumes_inside_a_checked_stage_without_repeating_a_
     assert [e["action"] for e in _check(result, 0)["parts"]][:2] == decided
     assert resumed.calls[0]["steps"] + sum(c["steps"] for c in crashing.calls[:3]) + sum(
         c["steps"] for c in resumed.calls[1:] if c["stage"] == 0) == 8
+
+
+def test_a_curriculum_killed_inside_a_later_stages_race_resumes_it_and_decides_as_an_unbroken_run(setup, monkeypatch):
+    def trainer(**kw):
+        return PartTrainer(turn=3, drop=0.2, fallback_step=0.005, **kw)
+
+    whole = _run(setup, monkeypatch, trainer(), "rerace-whole")
+    crashing = trainer(crash_at=6)  # stage 0: four parts; stage 1: its race's first arm, then the crash
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _run(setup, monkeypatch, crashing, "rerace-killed")
+    state = json.loads((Path(setup["root"]) / "curricula" / "rerace-killed" / "state.json").read_text())
+    assert [e["arm"] for e in state["stages"][1]["check"]["race"]] == ["cropi"]  # one arm raced, kept
+    resumed = trainer()
+    result = _run(setup, monkeypatch, resumed, "rerace-killed")
+    assert [c["arm"] for c in resumed.calls if c["stage"] == 1][0] == "diverse"  # the race's other arm, not again
+    for m in (0, 1):
+        ours, theirs = _check(result, m), _check(whole, m)
+        for kind in ("race", "parts"):
+            assert ([(e["arm"], e.get("race"), e["action"], e["objective"]) for e in ours[kind]]
+                    == [(e["arm"], e.get("race"), e["action"], e["objective"]) for e in theirs[kind]])
+    assert [s["global_step"] for s in result["stages"]] == [s["global_step"] for s in whole["stages"]] == [8, 16]
 
 
 def test_too_small_a_validation_set_runs_the_stage_unchecked_and_names_the_size_it_needs(setup, monkeypatch):

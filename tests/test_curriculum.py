@@ -248,6 +248,8 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
                           ).resume_key() != "d5ca290d348b234d"  # and the best of the stage alone (before revision 6)
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, test="normal")}
                           ).resume_key() != "d5ca290d348b234d"  # and the normal margin (before revision 7)
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, rerace="never")}
+                          ).resume_key() != "d5ca290d348b234d"  # and no race after a reversal (before revision 8)
     here = Path(__file__).resolve().parent
     cfg = CurriculumConfig.model_validate(dict(
         name="pinned", model=str(build_tiny_model(tmp_path / "m", seed=0)),

@@ -65,6 +65,11 @@ class CheckOptions(BaseModel):
                                                         "detect: sizes its prompt sample")
     fallback: SelectorName = Field(FALLBACK_SELECTOR, description="the second arm: the selector a stage falls back to")
     race: bool = Field(True, description="stage 0's first part trains both arms and keeps the better")
+    rerace: Literal["after_reversal", "never"] = Field(
+        "after_reversal", description="a stage after one with a confirmed reversal begins with the race stage 0 "
+                                      "runs (after_reversal: that fall measured one stage's subset, the next stage "
+                                      "ranks again), or goes on with the arm the reversal switched to (never: issue "
+                                      "32's revisions 1-7)")
     widen: bool = Field(True, description="double the selected fraction when the subset saturates")
     confirm_on: Literal["held_out_prompts", "check_prompts"] = Field(
         "held_out_prompts", description="what a fall is confirmed on (on a fresh random stream either way): "

@@ -8,7 +8,8 @@ curriculum resumes at the part it was in without repeating or losing a decision:
     plan     the parts' steps, the validation sample and its noise, the reversal z, the pool's
              expected share of all-equal groups, the two arms (primary selector, fallback)
     start    the arm and fraction the stage begins with, its checkpoint and objective
-    race     stage 0: the first part trained with each arm from theta_0 (the better goes on)
+    race     stage 0, and a stage after a confirmed reversal: the first part trained with each arm from the
+             stage's start (the better goes on)
     parts    per part: arm, fraction, steps, checkpoint, the check's reading and action (and, when
              the screen fired, its confirmation on held-out prompts and a fresh stream: `confirm`;
              with `at_whole_pool: keep`, a fall at the whole pool is `no_fallback` and the part kept)
@@ -89,7 +90,8 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
     smallest = min(sizes.values())
     fit = chk.fit_samples(v, opts, sets, checks, smallest // per) if smallest < per * n else None
     samples, n = fit or (opts.samples, n)
-    plan = {"steps": steps, "z": round(z, 6), "test": opts.test, "variance": variance, "prompts_per_set": n,
+    plan = {"steps": steps, "z": round(z, 6), "test": opts.test, "rerace": opts.rerace, "variance": variance,
+            "prompts_per_set": n,
             "samples": samples, "arms": [config.selector, opts.fallback], "rollouts": trainer.options.rollouts,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
@@ -116,10 +118,16 @@ class _Stage:
         self.opts = config.check
         self.plan = record["plan"]
         self.arms = self.plan["arms"]
-        # stage 0 races the two arms over its first part, which needs a second part to go on with, and two
-        # subsets that differ: at the whole pool both arms select every prompt
-        self.races = (self.opts.race and m == 0 and self.arms[0] != self.arms[1] and len(self.plan["steps"]) >= 2
-                      and config.select_fraction < 1)
+        # stage 0 races the two arms over its first part, and so does a stage after a confirmed reversal (revision
+        # 8); a race needs a second part to go on with, and two subsets that differ: at the whole pool both arms
+        # select every prompt
+        previous = (state.stage(m - 1).get("check") or {}).get("end") if m else None
+        # (read from the plan: a stage planned before revision 8 resumes as it began, unraced)
+        again = (bool(previous) and self.plan.get("rerace", "never") == "after_reversal"
+                 and "reversed" in (previous["cases"] or []))
+        fraction = previous["fraction"] if previous else config.select_fraction
+        self.races = (self.opts.race and (m == 0 or again) and self.arms[0] != self.arms[1]
+                      and len(self.plan["steps"]) >= 2 and fraction < 1)
         self.sample, held_out = chk.ValidationSample.draw_pair(
             {n: load_prompts(p) for n, p in config.validation.items()}, self.plan["prompts_per_set"], config.seed,
             self.plan["samples"])
@@ -175,8 +183,9 @@ class _Stage:
         return chk.as_lists(measured), seconds
 
     def race(self) -> None:
-        """Stage 0's first part with each arm from theta_0; the better objective goes on (ties: the primary).
-        The loser's steps are spent first (the winner's part follows them), out of the stage's own steps."""
+        """The stage's first part with each arm from its start (theta_0 at stage 0); the better objective goes on
+        (ties: the primary). The loser's steps are spent first (the winner's part follows them), out of the
+        stage's own steps."""
         start = self.record["start"]
         entries = self.record.setdefault("race", [])
         for arm in self.arms[len(entries):]:
