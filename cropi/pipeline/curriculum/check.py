@@ -64,7 +64,8 @@ class CheckOptions(BaseModel):
     resolve: float = Field(0.1, gt=0, le=1, description="the fall of the validation pass rate the check must "
                                                         "detect: sizes its prompt sample")
     fallback: SelectorName = Field(FALLBACK_SELECTOR, description="the second arm: the selector a stage falls back to")
-    race: bool = Field(True, description="stage 0's first part trains both arms and keeps the better")
+    race: bool = Field(True, description="stage 0's first part trains both arms and keeps the better (off: no "
+                                         "race at any stage, rerace included)")
     rerace: Literal["after_reversal", "never"] = Field(
         "after_reversal", description="a stage after one with a confirmed reversal begins with the race stage 0 "
                                       "runs (after_reversal: that fall measured one stage's subset, the next stage "
