@@ -91,8 +91,8 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
     fit = chk.fit_samples(v, opts, sets, checks, smallest // per) if smallest < per * n else None
     samples, n = fit or (opts.samples, n)
     plan = {"steps": steps, "z": round(z, 6), "test": opts.test, "rerace": opts.rerace, "variance": variance,
-            "prompts_per_set": n,
-            "samples": samples, "arms": [config.selector, opts.fallback], "rollouts": trainer.options.rollouts,
+            "prompts_per_set": n, "samples": samples, "arms": [config.selector, opts.fallback],
+            "rollouts": trainer.options.rollouts,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
@@ -121,13 +121,12 @@ class _Stage:
         # stage 0 races the two arms over its first part, and so does a stage after a confirmed reversal (revision
         # 8); a race needs a second part to go on with, and two subsets that differ: at the whole pool both arms
         # select every prompt
-        previous = (state.stage(m - 1).get("check") or {}).get("end") if m else None
+        previous = self._previous_end()
         # (read from the plan: a stage planned before revision 8 resumes as it began, unraced)
         again = (bool(previous) and self.plan.get("rerace", "never") == "after_reversal"
                  and "reversed" in (previous["cases"] or []))
-        fraction = previous["fraction"] if previous else config.select_fraction
         self.races = (self.opts.race and (m == 0 or again) and self.arms[0] != self.arms[1]
-                      and len(self.plan["steps"]) >= 2 and fraction < 1)
+                      and len(self.plan["steps"]) >= 2 and self._begins_with(previous)[1] < 1)
         self.sample, held_out = chk.ValidationSample.draw_pair(
             {n: load_prompts(p) for n, p in config.validation.items()}, self.plan["prompts_per_set"], config.seed,
             self.plan["samples"])
@@ -138,12 +137,20 @@ class _Stage:
 
     # ------------------------------------------------------------------ steps of the stage
 
+    def _previous_end(self) -> dict | None:
+        """The previous stage's check ``end`` (None at stage 0 or after an unchecked stage)."""
+        return (self.state.stage(self.m - 1).get("check") or {}).get("end") if self.m else None
+
+    def _begins_with(self, previous: dict | None) -> tuple[str, float]:
+        """The arm and fraction this stage begins with: where the previous stage ended, else the primary at the
+        curriculum's fraction."""
+        return (previous["arm"], previous["fraction"]) if previous else (self.arms[0], self.config.select_fraction)
+
     def start(self) -> dict:
         """The arm and fraction this stage begins with (the previous stage's), its checkpoint and objective."""
-        previous = self.state.stage(self.m - 1).get("check", {}).get("end") if self.m else None
+        previous = self._previous_end()
         model = self.state.stage_model(self.m)
-        arm, fraction = ((previous["arm"], previous["fraction"]) if previous else
-                         (self.arms[0], self.config.select_fraction))
+        arm, fraction = self._begins_with(previous)
         earlier = previous["values"] if previous and previous["checkpoint"] == model else None
         values, seconds = self._reading(model, earlier)
         spent = self.state.stage(self.m - 1)["trained"]["global_step"] if self.m else 0
