@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
-from support.gradients import LAYOUTS, PACKED_TOL, brute_force_grad, make_traj, tiny_model, use_layout
+from support.gradients import LAYOUTS, PACKED_TOL, brute_force_grad, copy_response, make_traj, tiny_model, use_layout
 
 from cropi.errors import InvalidInputError
 from cropi.gradients import LossOptions, make_computer
@@ -99,12 +99,15 @@ def brute_factored(model, traj, spec, clip=None):
 
 
 def prompts(seed=0):
-    """Prompts of unequal lengths, K > 1 responses of unequal lengths, behavior log-probs off-policy."""
+    """Prompts of unequal lengths, K > 1 responses of unequal lengths, behavior log-probs off-policy; two
+    responses drawn twice (packed once): one copy with the same reward, one with another."""
     rng = np.random.default_rng(seed)
     out = []
     for i, (rewards, plen) in enumerate((([1, 0, 1, 0, 0], 3), ([0, 1, 1], 7), ([1, 0], 5), ([0, 0, 1, 1, 0, 1], 4))):
         t = make_traj(rng, rewards, prompt_len=plen)
         t.prompt_id = f"p{i}"
+        if i in (0, 3):
+            copy_response(t, *((0, 2) if i == 0 else (2, 4)))
         # behavior log-probs are stored as float32 (as collected): keep the brute force on the same values
         t.behavior_logprobs = [np.float32(b).astype(float).tolist() for b in t.behavior_logprobs]
         out.append(t)

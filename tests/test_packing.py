@@ -61,15 +61,24 @@ def test_a_response_never_sees_another_and_every_response_sees_the_prompt():
         torch.testing.assert_close(moved[n:], base[n:], rtol=0, atol=1e-13)  # the other row is untouched
 
 
+def lengths(prompt_len: int, response_lens: list[int]):
+    """A prompt and responses of these lengths, no two responses alike."""
+    return [7] * prompt_len, [[k] * n for k, n in enumerate(response_lens)]
+
+
 def test_the_rule_packs_short_responses_and_leaves_long_ones():
     demo = ModelShape(n_weights=459_904, layers=2, width=128, heads=2)  # the lists demo's model
-    assert should_pack(40, [5] * 8, demo, 8192)
-    assert not should_pack(40, [5], demo, 8192)  # nothing to share
+    assert should_pack(*lengths(40, [5] * 8), demo, 8192)
+    assert not should_pack(*lengths(40, [5]), demo, 8192)  # nothing to share
     qwen = ModelShape(n_weights=1_543_714_304, layers=28, width=1536, heads=12)  # Qwen2.5-1.5B
-    assert should_pack(600, [40] * 8, qwen, 8192)
+    assert should_pack(*lengths(600, [40] * 8), qwen, 8192)
     # 8 responses of 1,000 tokens: 8,200 packed tokens; the heads x T^2 attention weights of one row
     # (8.1e8) are far above the budget's hidden states (1.3e7): left unpacked whatever the FLOPs say
-    assert not should_pack(200, [1000] * 8, qwen, 8192)
+    assert not should_pack(*lengths(200, [1000] * 8), qwen, 8192)
+    # 8 responses of 600 tokens: 5,000 packed tokens, unpacked; one response drawn 8 times packs into a row of
+    # 800 tokens (7.7e6 attention weights) and costs an eighth of its 8 rows
+    assert not should_pack(*lengths(200, [600] * 8), qwen, 8192)
+    assert should_pack([7] * 200, [[3] * 600] * 8, qwen, 8192)
     # the FLOP side alone, by hand: with attention priced high a long packed row loses to its rows
     costly = ModelShape(n_weights=1000, layers=100, width=1000, heads=1)
     packed, rows = 10 + 40, [10 + 20, 10 + 20]
@@ -77,8 +86,10 @@ def test_the_rule_packs_short_responses_and_leaves_long_ones():
     def cost(t):
         return 2 * 1000 * t + 4 * 100 * 1000 * t * t
 
-    assert cost(packed) > sum(map(cost, rows)) and not should_pack(10, [20, 20], costly, 10**9)
-    assert cost(10 + 2) * 1 < 2 * cost(10 + 1) and should_pack(10, [1, 1], costly, 10**9)
+    assert cost(packed) > sum(map(cost, rows)) and not should_pack(*lengths(10, [20, 20]), costly, 10**9)
+    assert cost(10 + 2) * 1 < 2 * cost(10 + 1) and should_pack(*lengths(10, [1, 1]), costly, 10**9)
+    # two copies of one response pack into the prompt and one response: cheaper than the two rows
+    assert cost(10 + 20) < 2 * cost(10 + 20) and should_pack([7] * 10, [[3] * 20] * 2, costly, 10**9)
 
 
 def test_model_shape_reads_the_config():
@@ -86,3 +97,23 @@ def test_model_shape_reads_the_config():
     shape = ModelShape.of(model)
     assert shape.n_weights == sum(p.numel() for p in model.parameters())
     assert (shape.layers, shape.width, shape.heads) == (2, 64, 2)
+
+
+def test_a_response_drawn_twice_is_packed_once_and_each_copy_reads_its_log_probs():
+    model, rows = float64_model(), groups(2)
+    (prompt, responses, behavior), other = rows
+    copies = [list(r) for r in responses] + [list(responses[2]), list(responses[0])]
+    shifted = [list(b) for b in behavior] + [[x - 1.0 for x in behavior[2]], [x - 2.0 for x in behavior[0]]]
+    batch = build_packed([(prompt, copies, shifted), other], 0)
+    # the first row: the prompt and its 4 distinct responses once, whatever the 2 copies add
+    assert int(batch.token_mask[0].sum()) == len(prompt) + sum(map(len, responses))
+    assert batch.expand.tolist()[:6] == [0, 1, 2, 3, 2, 0] and batch.targets.shape[0] == 4 + len(other[1])
+    with torch.no_grad():
+        got = packed_logprobs(model, batch, "cpu")
+    for r, response in enumerate(copies):
+        n = len(response)
+        torch.testing.assert_close(got[r, -n:], seq_logprobs(model, prompt, response), rtol=1e-12, atol=1e-12)
+        # each copy keeps its own behavior log-probs, right-aligned under its own mask
+        torch.testing.assert_close(batch.behavior_logp[r, -n:], torch.tensor(shifted[r], dtype=torch.float32))
+        assert torch.all(batch.response_mask[r, :-n] == 0) and torch.all(batch.response_mask[r, -n:] == 1)
+    assert got.shape[0] == len(copies) + len(other[1])

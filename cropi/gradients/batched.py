@@ -42,7 +42,7 @@ from cropi.gradients.batching import build_rows, plan_micro_batches
 from cropi.gradients.groups import (Trajectories, context_limit, diagnostics, fit_to_context, pad_id_of,
                                     rewards_and_base, token_logprobs, unweighted_diagnostics)
 from cropi.gradients.options import LossOptions
-from cropi.gradients.packing import ModelShape, build_packed, packed_logprobs, should_pack
+from cropi.gradients.packing import ModelShape, build_packed, packed_logprobs, packed_width, should_pack
 from cropi.gradients.hooks import FactoredHooks
 from cropi.gradients.popi import group_advantages, popi_response_terms, sequence_log_weights
 from cropi.store.types import GradientRecord
@@ -116,7 +116,7 @@ class BatchedComputer:
             if self.device.type == "cuda":  # a prompt's rows adjacent: the cuda engine takes them as one slice
                 batch.sort(key=lambda row: row[0])
             self._fitting(self._micro_batch, prompts, batch, out)
-        widths = [len(prompts[i].prompt) + sum(map(len, prompts[i].responses)) for i in packed]
+        widths = [packed_width(prompts[i].prompt, prompts[i].responses) for i in packed]
         for group in plan_micro_batches(widths, budget):
             self._fitting(self._packed_batch, prompts, [packed[j] for j in group], out)
         return out
@@ -145,7 +145,7 @@ class BatchedComputer:
 
     def _packs(self, p: _Prompt) -> bool:
         """Whether prompt ``p``'s responses go in one packed row (cropi.gradients.packing.should_pack)."""
-        return self.pack and should_pack(len(p.prompt), [len(r) for r in p.responses], self.shape,
+        return self.pack and should_pack(p.prompt, p.responses, self.shape,
                                          self.options.token_budget)
 
     def _micro_batch(self, prompts, rows: list[tuple[int, int]], out: torch.Tensor) -> None:

@@ -40,6 +40,14 @@ def make_traj(rng, rewards, prompt_len=5, noise=0.3, behavior=None):
     return Traj("p0", prompt, responses, beh, list(rewards))
 
 
+def copy_response(traj, src: int, dst: int, shift: float = 0.25) -> None:
+    """Response ``dst`` becomes a second draw of response ``src`` (the same tokens) whose behavior log-probs
+    differ (another batch's rounding, or another behavior policy's draw) and whose reward stays its own:
+    the packed layout packs the tokens once, and each copy must still keep its own weight and advantage."""
+    traj.responses[dst] = list(traj.responses[src])
+    traj.behavior_logprobs[dst] = [b - shift for b in traj.behavior_logprobs[src]]
+
+
 def seq_logprobs(model, prompt, response):
     """Log-probs of each response token, one unpadded sequence, position by position."""
     ids = torch.tensor([prompt + response])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from support.gradients import make_traj, tiny_model
+from support.gradients import copy_response, make_traj, tiny_model
 
 from cropi.gradients import LossOptions, make_computer
 from cropi.gradients.batched import BatchedComputer
@@ -30,6 +30,8 @@ def two_prompts():
     for i, (rewards, plen) in enumerate((([1, 0, 1, 0], 4), ([0, 1, 1], 6))):
         t = make_traj(rng, rewards, prompt_len=plen)
         t.prompt_id = f"p{i}"
+        if i == 0:
+            copy_response(t, 0, 2)  # a response drawn twice: packed once, each copy its own weight
         t.behavior_logprobs = [np.float32(b).astype(float).tolist() for b in t.behavior_logprobs]
         out.append(t)
     return out
