@@ -223,6 +223,23 @@ def test_score_responses_marks_failures_none_and_keeps_the_rest(caplog):
     assert "response 1" in caplog.text and "kaput" in caplog.text and "response 3" in caplog.text
 
 
+def test_a_text_drawn_more_than_once_is_scored_once_and_every_copy_gets_its_score(caplog):
+    calls = []
+
+    def counted(response_text, answer):
+        calls.append(response_text)
+        if response_text == "boom":
+            raise RuntimeError("kaput")
+        return float(response_text == answer)
+
+    with caplog.at_level(logging.WARNING):
+        got = score_responses(counted, ["7", "8", "7", "boom", "7", "boom", "8"], "7")
+    assert got == [1.0, 0.0, 1.0, None, 1.0, None, 0.0]
+    assert calls == ["7", "8", "boom"]  # each distinct text once, in the order drawn
+    assert caplog.text.count("kaput") == 1 and "response 3" in caplog.text
+    assert score_responses(counted, [], "7") == []
+
+
 def _sleepy(response_text, answer):
     time.sleep(float(response_text))
     return 1.0

@@ -1,7 +1,9 @@
 """Rewards by name: ``get_reward("math_verify")`` and the ``register_reward`` decorator.
 
 A reward is ``fn(response_text, answer) -> float`` (1.0 correct, 0.0 not, for the
-built-ins). The built-ins register when ``cropi.rewards`` is imported.
+built-ins): a function of those two alone, as a verifiable reward is (a text drawn twice is
+scored once: ``cropi.rewards.score_responses``). The built-ins register when
+``cropi.rewards`` is imported.
 """
 
 from __future__ import annotations

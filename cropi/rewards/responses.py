@@ -21,8 +21,17 @@ def score_responses(fn: RewardFn, texts: list[str], answer: str, *,
     A reward that raises, runs past ``timeout_s`` seconds, or returns something
     that is not a finite number marks that response None; the others are scored
     as usual. Works from any thread (see ``cropi.rewards.deadline``).
+
+    A reward is a function of the response's text and the answer (``RewardFn``), so a text
+    drawn more than once is scored once and every copy gets that score: short answers
+    sampled at a low temperature repeat (the lists demo's groups of 8 hold about 3 distinct
+    texts), and a slow or failing reward then costs its timeout or warning once.
     """
-    return [_one(fn, text, answer, k, timeout_s) for k, text in enumerate(texts)]
+    scored: dict[str, float | None] = {}
+    for k, text in enumerate(texts):
+        if text not in scored:
+            scored[text] = _one(fn, text, answer, k, timeout_s)
+    return [scored[text] for text in texts]
 
 
 def _one(fn: RewardFn, text: str, answer: str, k: int, timeout_s: float | None) -> float | None:
