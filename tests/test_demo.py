@@ -448,6 +448,28 @@ def test_a_killed_demo_resumes_without_redoing_finished_work(tmp_path):
     assert report["cpu_s"] > spent["cpu_s"]
 
 
+def test_a_demo_killed_alone_takes_its_worker_processes_with_it():
+    """``kill PID`` reaches the demo's process only (Ctrl-C reaches its whole group): its pool's workers must
+    not go on training into the folder, beside the curricula a demo started again on it would run."""
+    import psutil
+
+    script = ("import time\nfrom cropi.demo.runner import _executor, _start\n"
+              "pool = _executor(2)\n_start(pool, 2)\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        workers = [p for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) == 2
+        proc.kill()  # the demo's process alone, as `kill -9 PID`
+        proc.wait()
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        for p in alive:
+            p.kill()
+        assert not alive, f"workers {[p.pid for p in alive]} outlived the demo"
+    finally:
+        proc.kill()
+
+
 @pytest.mark.slow
 def test_a_task_defined_outside_the_package_runs_the_quick_demo(tmp_path, monkeypatch):
     """docs/demo.md's worked example, extracted from the document as written, run as `--task my_task:TASK`."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import multiprocessing
+import os
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -206,7 +207,7 @@ def _executor(workers: int):
     if workers <= 1:
         return _InlineExecutor()
     return cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                  initializer=init_worker)
+                                  initializer=init_worker, initargs=(os.getpid(),))
 
 
 class _InlineExecutor:

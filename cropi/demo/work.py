@@ -14,8 +14,9 @@ from pathlib import Path
 from cropi.demo.log import LogProgress, say
 
 
-def init_worker() -> None:
-    """The demo's thread policy in this process, quiet libraries, and the libraries every task imports.
+def init_worker(parent: int | None = None) -> None:
+    """The demo's thread policy in this process, quiet libraries, and the libraries every task imports;
+    in a pool's worker (``parent``: the demo's process id) an exit once that process is gone.
 
     Every demo phase (collection, scoring, training, evaluation) runs at the one thread count every
     model build runs at (``cropi.models.warmstart.TORCH_THREADS``), in a worker process or inline
@@ -25,6 +26,8 @@ def init_worker() -> None:
     ``workers`` phase, rather than inside the first task: there they were charged to theta_0's collection,
     that is to the scoring of every ranking method."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if parent is not None:
+        _exit_with(parent)
     import transformers
 
     from cropi.models.warmstart import TORCH_THREADS, set_threads
@@ -42,6 +45,22 @@ def init_worker() -> None:
     import cropi.pipeline.collect  # noqa: F401
     import cropi.pipeline.compute_gradients  # noqa: F401
     import cropi.pipeline.curriculum  # noqa: F401
+
+
+def _exit_with(parent: int, every_s: float = 1.0) -> None:
+    """Exit this worker within ``every_s`` of the demo's process ending. A pool's workers outlive a demo
+    killed by a signal to its process alone (``kill PID``; Ctrl-C reaches the whole group): they went on
+    training into the folder, where a demo started again on it would run the same curricula beside them.
+    The process is re-parented when its parent ends, which a thread sees; ``os._exit``, as a kill would: a
+    worker's writes are atomic, and what it had not committed is redone on resume."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-demo", daemon=True).start()
 
 
 def ready() -> int:
