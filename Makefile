@@ -55,8 +55,10 @@ HAS_AVX512   := $(if $(filter 4,$(words $(filter avx512f avx512bw avx512vl avx51
 GOLDEN_CAPS  := default $(if $(HAS_AVX2),avx2) $(if $(HAS_AVX512),avx512)
 GOLDEN_CORES := $(if $(HAS_AVX2),Haswell Zen) $(if $(HAS_AVX512),SkylakeX)
 
-# The verl checks run in verl's own environment (its transformers pin conflicts with vLLM's).
-test: venv venv-verl
+# The verl checks run in verl's own environment (its transformers pin conflicts with vLLM's). The two
+# environments are independent and their builds mostly wait on downloads: built side by side.
+test:
+	$(MAKE) -j2 venv venv-verl
 	$(VERLENV)/bin/python -m pytest -q tests/test_verl.py
 	CROPI_GOLDEN_CAPABILITIES="$(strip $(GOLDEN_CAPS))" CROPI_GOLDEN_CORETYPES="$(strip $(GOLDEN_CORES))" $(VENV)/bin/python -m pytest -q --durations=30 --ignore=tests/test_verl.py
 
