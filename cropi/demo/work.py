@@ -27,7 +27,9 @@ def init_worker(parent: int | None = None) -> None:
     that is to the scoring of every ranking method."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if parent is not None:
-        _exit_with(parent)
+        from cropi.utils.processes import die_with_parent
+
+        die_with_parent(parent)  # a demo killed alone takes its workers with it
     import transformers
 
     from cropi.models.warmstart import TORCH_THREADS, set_threads
@@ -45,22 +47,6 @@ def init_worker(parent: int | None = None) -> None:
     import cropi.pipeline.collect  # noqa: F401
     import cropi.pipeline.compute_gradients  # noqa: F401
     import cropi.pipeline.curriculum  # noqa: F401
-
-
-def _exit_with(parent: int, every_s: float = 1.0) -> None:
-    """Exit this worker within ``every_s`` of the demo's process ending. A pool's workers outlive a demo
-    killed by a signal to its process alone (``kill PID``; Ctrl-C reaches the whole group): they went on
-    training into the folder, where a demo started again on it would run the same curricula beside them.
-    The process is re-parented when its parent ends, which a thread sees; ``os._exit``, as a kill would: a
-    worker's writes are atomic, and what it had not committed is redone on resume."""
-    import threading
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(every_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="exit-with-demo", daemon=True).start()
 
 
 def ready() -> int:

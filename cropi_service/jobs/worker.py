@@ -14,15 +14,13 @@ import fcntl
 import importlib
 import logging
 import os
-import signal
-import sys
-import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 from cropi.errors import CropiError
+from cropi.utils.processes import die_with_parent, kill_group
 from .table import JobStore
 
 log = logging.getLogger(__name__)
@@ -138,35 +136,6 @@ class _job_lock:
         os.close(self.fd)  # closing releases the lock
 
 
-def _kill_group(*_args) -> None:
-    """Kill this worker and everything it started (when it leads its own process group)."""
-    try:
-        if os.getpgrp() == os.getpid():
-            os.killpg(os.getpgrp(), signal.SIGKILL)
-    finally:
-        os._exit(1)
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Make the worker's group go when its runner goes, however the runner ends."""
-    signal.signal(signal.SIGTERM, _kill_group)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    if os.getppid() != parent_pid:  # the runner died before prctl took effect
-        _kill_group()
-
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent_pid:
-                _kill_group()
-            time.sleep(1.0)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the worker process the runner starts."""
     p = argparse.ArgumentParser(prog=f"python -m {__package__}.worker", description=__doc__.splitlines()[0])
@@ -180,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     if a.parent is not None:
         die_with_parent(a.parent)
-    return execute_job(a.root, a.job, a.attempt, on_superseded=_kill_group)
+    return execute_job(a.root, a.job, a.attempt, on_superseded=kill_group)
 
 
 if __name__ == "__main__":
