@@ -17,7 +17,9 @@ as it ends (a stage that fails or runs out of time is recorded as such, the othe
   with each of the cuda engine's two routes forced (cropi.projection.tensorsketch.CUDA_COSTS chooses
   between them by estimates these replace); goal: ``default_over_plain`` and ``k32768_over_plain`` <= 0.8;
 - ``qwen2.5-7b``: plain, default and k=32768 in bfloat16, as far as the card's memory allows (a side
-  that runs out of memory is recorded as such; the batched computer halves its micro-batches itself).
+  that runs out of memory is recorded as such; the batched computer halves its micro-batches itself);
+- ``profile_default``: a torch profile of the default path at the 1.5B shape (two prompts): the kernels
+  with the most device time and the host's synchronisation calls.
 
 ``--dry-run``: the same code on CPU with tiny models of those families and short responses, the cuda
 engine forced onto CPU tensors: it checks the script and the engine, measures nothing; every CUDA figure
@@ -345,6 +347,31 @@ class Check:
         del model, sides, fns
         return record
 
+    def profile(self, shape: dict) -> dict:
+        """Where the default path's time goes: a torch profile of two prompts (after one untimed), the kernels
+        with the most device time and the host's synchronisations (the issue's profile found 464 `.item()`)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        model = build_model(shape, self.device, self.dtype, self.attention)
+        run = Sides(model, self.device, self.args.token_budget, self.engine).batched(self.default)
+        prompts = self.prompts(3, shape["vocab_size"], seed=3)
+        run(prompts[:1])
+        sync(self.device)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            run(prompts[1:])
+            sync(self.device)
+        events = prof.key_averages()
+        device_us = {e.key: getattr(e, "self_device_time_total", 0) or 0 for e in events}
+        total = sum(device_us.values()) or 1
+        top = sorted(device_us.items(), key=lambda kv: -kv[1])[:15]
+        calls = {e.key: e.count for e in events}
+        del model, run
+        return {"measured": not self.dry, "prompts": 2, "device_ms": total / 1e3,
+                "top_kernels": [{"name": k[:120], "ms": v / 1e3, "share": v / total} for k, v in top],
+                "host_syncs": {k: calls.get(k, 0) for k in ("aten::item", "aten::_local_scalar_dense",
+                                                            "cudaStreamSynchronize", "cudaDeviceSynchronize")}}
+
     def run(self) -> dict:
         small, large = (TINY_15B, TINY_7B) if self.dry else (QWEN25_15B, QWEN25_7B)
         self.stage("probe", 0, self.probe)
@@ -352,6 +379,7 @@ class Check:
         self.stage("qwen2.5-1.5b", 60, lambda: self.small(small))
         if not self.args.no_7b:
             self.stage("qwen2.5-7b", 90, lambda: self.large(large))
+        self.stage("profile_default", 40, lambda: self.profile(small))
         r = self.report
         over = [r["default_over_plain"], r["k32768_over_plain"]]
         if all(isinstance(v, float) for v in over) and r["peak_memory_gib_16k"] is not None:
