@@ -9,7 +9,7 @@ One model copy, its weights' ``requires_grad`` set for each side before it runs.
 as it ends (a stage that fails or runs out of time is recorded as such, the others still run):
 
 - ``memory_16k``: peak GPU memory of the default path at a 16,384-token micro-batch (goal <= 40 GiB),
-  and of the tensorsketch at k=32768;
+  of the tensorsketch at k=32768, and of a plain forward+backward over one micro-batch of as many rows;
 - ``qwen2.5-1.5b``: seconds a prompt of ``plain`` (forward+backward, every weight gradient formed),
   ``default`` (the batched computer at the spec ``default_spec('cuda')`` resolves to), ``k32768`` (the
   same at dim 32768) and ``sjlt`` (the per-prompt computer, dim 32768, kept fraction 0.1), interleaved
@@ -291,6 +291,25 @@ class Check:
             except torch.OutOfMemoryError:
                 record[label] = {"peak_gib": "out of memory"}
             free(self.device)
+        # the reference: plain forward+backward over one micro-batch of as many rows (a prompt with that many
+        # responses), every weight gradient formed: what the model's own activations take at this size
+        rows = MEMORY_BUDGET // per_row
+        wide = trajectories(1, shape["vocab_size"], rows, self.args.response_tokens, self.args.prompt_tokens, seed=8)
+        set_grad(model, True)
+        free(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        try:
+            plain_fwd_bwd(model, wide[0], MEMORY_BUDGET, sides.pad_id)
+            sync(self.device)
+            record["plain"] = {"rows": rows, "peak_gib": gib(torch.cuda.max_memory_allocated())
+                               if self.device.type == "cuda" else None,
+                               "above_start_gib": gib(torch.cuda.max_memory_allocated() - base)
+                               if self.device.type == "cuda" else None}
+        except torch.OutOfMemoryError:
+            record["plain"] = {"rows": rows, "peak_gib": "out of memory"}
+        set_grad(model, False)
         del model, sides
         peak = record["default"].get("peak_gib")
         self.report["peak_memory_gib_16k"] = peak if isinstance(peak, float) else None

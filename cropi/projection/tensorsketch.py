@@ -42,11 +42,12 @@ checks both against brute-force gradients, on CPU; the ``gpu`` test checks CUDA 
   ``RowGroups``; plans are built once per layer and cached); the factors stay in the model's dtype
   (bfloat16) and every product accumulates in float32 (``matmul_acc``); the direct route forms a
   group's gradient as one tensor-core matrix product over the group's tokens (no per-row gradients),
-  in chunks of output rows that bound its memory; the FFT route count-sketches each side as a
+  in chunks of output rows that bound its memory, and adds its pairs into copies of the buckets
+  (``SCATTER_SPREAD``); the FFT route count-sketches each side as a
   tensor-core matrix product over sorted hash blocks (``BlockSketch``: no float32 scatter-adds), and
   sketches and transforms tokens in chunks that bound its temporaries. Which route a layer takes
-  follows ``CUDA_COSTS``, estimated, not yet measured: the GPU check (benchmarks/gpu/check.py) times
-  each route forced, so the estimates can be replaced by what it measures.
+  follows ``CUDA_COSTS``, measured on an H200 (benchmarks/gpu/check.py times each route forced,
+  benchmarks/gpu/scatter.py the scatter).
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ CUDA_PAIR_CHUNK = 2**25  # the cuda engine's direct route: pairs of a group's gr
 CUDA_FFT_CHUNK = 2**27  # the cuda engine's FFT route: elements of a chunk's widest array (tokens x dim, or the
 # gathered side: tokens x ~n) formed at once
 SKETCH_BLOCK = 128  # buckets per block of ``BlockSketch`` (a tensor-core tile's width)
+# The cuda direct route adds a group's pairs into SCATTER_SPREAD // dim copies of its dim buckets (summed after):
+# float32 atomics into only dim addresses serialise. On an H200, 13.8M pairs of a 8960 x 1536 layer into 4096
+# buckets: 0.74 ms as one index_add_, 0.19 ms spread over 128-1024 copies (at 32768 buckets: 0.29 against 0.19;
+# 2**25 elements of copies cost 0.77 ms in zeroing and summing): benchmarks/results/gpu/scatter.json.
+SCATTER_SPREAD = 2**21
 
 
 @dataclass(frozen=True)
@@ -92,11 +98,11 @@ class RouteCosts:
         return tokens * (2.0 * dim * self.spectrum + (out_f + in_f) * side)
 
 
-# The cuda engine's costs: estimates for an H100/H200 in bfloat16 (~400 TFLOP/s of tensor-core products,
-# ~2.5 TB/s reached by the memory-bound steps: a pair ~30 bytes, a spectrum element ~35 bytes over its
-# passes, a side element ~10 bytes). Not measured: the GPU check times both routes forced
-# (benchmarks/gpu/check.py, "routes") and these are to be replaced by what it shows.
-CUDA_COSTS = RouteCosts(flop=2.5e-15, pair=1.2e-11, spectrum=1.4e-11, side=4e-12)
+# The cuda engine's costs, measured on an H200 in bfloat16 (benchmarks/results/gpu/): ``flop`` and ``pair`` from
+# scatter.json (a 8960 x 1536 gradient over 5,120 tokens formed in 0.22 ms; its pairs added, spread, in 0.19 ms);
+# ``spectrum`` and ``side`` from check.json's routes forced, Qwen2.5-1.5B shape: the FFT route at k=32768 less
+# the same at k=4096 over the dim-wide elements, then the rest of the FFT route at 4096 over the side elements.
+CUDA_COSTS = RouteCosts(flop=1.6e-15, pair=1.4e-11, spectrum=1.1e-11, side=1.2e-11)
 
 _MM_OUT_DTYPE: dict[str, bool] = {}  # whether torch.mm / torch.bmm take out_dtype on this build (CUDA)
 
@@ -300,18 +306,21 @@ class TensorSketchProjector(LayerProjector):
         h_out, s_out, h_in, s_in = self.hashes(name, delta.device)
         x = kept * s_in.to(kept.dtype)  # +-1: exact in any dtype
         acc = torch.promote_types(delta.dtype, torch.float32)
-        out = torch.zeros(groups.n, self.out_dim, dtype=acc, device=delta.device)
+        copies = max(1, SCATTER_SPREAD // self.out_dim)  # input coordinate i adds into copy i % copies
+        out = torch.zeros(groups.n, copies * self.out_dim, dtype=acc, device=delta.device)
         sides = [(delta[m].reshape(-1, out_f), x[m].reshape(-1, in_f)) for m in groups.members]
-        h_out32, h_in32 = h_out.to(torch.int32), h_in.to(torch.int32)
+        h_out32 = h_out.to(torch.int32)
+        h_in32 = h_in.to(torch.int32)
+        spread = (torch.arange(in_f, dtype=torch.int32, device=delta.device) % copies) * self.out_dim
         signs = s_out.to(acc)[:, None]
         step = max(1, CUDA_PAIR_CHUNK // in_f)
         for a in range(0, out_f, step):
             b = min(out_f, a + step)
-            bucket = (h_out32[a:b, None] + h_in32[None, :]).remainder_(self.out_dim).reshape(-1)
+            bucket = (h_out32[a:b, None] + h_in32[None, :]).remainder_(self.out_dim).add_(spread).reshape(-1)
             for j, (dj, xj) in enumerate(sides):
                 g = matmul_acc(dj[:, a:b].T, xj).mul_(signs[a:b])
                 out[j].index_add_(0, bucket, g.reshape(-1))
-        return out
+        return out.view(groups.n, copies, self.out_dim).sum(dim=1)
 
     def _cuda_fft(self, name: str, delta: torch.Tensor, kept: torch.Tensor, groups: RowGroups) -> torch.Tensor:
         """The two sides count-sketched by ``BlockSketch`` and transformed, chunk by chunk of (rows, tokens);
