@@ -220,11 +220,12 @@ DEFAULT_SPEC = ProjectionSpec()
 # The one default, per device: where vectors are computed decides which spec is fastest at full fidelity, so
 # the default is looked up here (``default_spec``) by every door that fills in a projection left out (the
 # gradients job, the score request); no other table of defaults exists. CPU: DEFAULT_SPEC, as measured
-# (fidelity_factored_tensorsketch.json, batched_scoring.json). CUDA: to be measured by the GPU check
-# (benchmarks/gpu/check.py times the default against k=32768 and plain bfloat16 forward+backward; fidelity
-# is device-independent up to rounding, benchmarks/fidelity.py --model-dtype bfloat16): until a
-# measurement shows another spec faster there at full fidelity, the same spec. A partial spec (a field or
-# two named) is always completed from DEFAULT_SPEC's fields, on every device.
+# (fidelity_factored_tensorsketch.json, batched_scoring.json). CUDA: the same spec, though k=32768 measured
+# a little faster on an H200 (benchmarks/results/gpu/check.json: 0.205 against 0.210 s a prompt; 3 of 3
+# comparisons): its vectors are 8x larger (128 GB for a million prompts), and a spec that differs by device
+# would make vectors computed on CPU and on a GPU incomparable; k=4096 meets the fidelity goal in bfloat16
+# (fidelity_bfloat16.json). A partial spec (a field or two named) is always completed from DEFAULT_SPEC's
+# fields, on every device.
 DEVICE_DEFAULTS: dict[str, ProjectionSpec] = {"cpu": DEFAULT_SPEC, "cuda": DEFAULT_SPEC}
 
 
