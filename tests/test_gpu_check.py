@@ -23,7 +23,7 @@ def test_the_gpu_check_dry_run_writes_its_json_with_the_cuda_figures_absent(tmp_
         assert r[key] is None, key  # no CUDA figure from a CPU run
     assert r["goal"]["met"] is None and r["dtype"] == "bfloat16" and r["attention"] == "sdpa"
     assert set(r["skipped"]) == {"vllm", "verl"} and all("not run" in why for why in r["skipped"].values())
-    assert set(r["stages"]) == {"probe", "memory_16k", "qwen2.5-1.5b", "qwen2.5-7b"}
+    assert set(r["stages"]) == {"probe", "memory_16k", "qwen2.5-1.5b", "qwen2.5-7b", "profile_default"}
     for name, stage in r["stages"].items():
         assert "error" not in stage and "skipped" not in stage, (name, stage)
     small = r["stages"]["qwen2.5-1.5b"]
@@ -32,4 +32,19 @@ def test_the_gpu_check_dry_run_writes_its_json_with_the_cuda_figures_absent(tmp_
     assert all(isinstance(v, float) and v > 0 for v in small["seconds_per_prompt"].values())
     assert set(small["routes"]["seconds_per_prompt"]) == {"default_direct", "default_fft", "k32768_direct",
                                                           "k32768_fft", "plain"}
+    assert set(r["stages"]["memory_16k"]) >= {"default", "k32768", "plain"}  # plain: the reference at 16k
+    profile = r["stages"]["profile_default"]
+    assert profile["top_kernels"] and set(profile["host_syncs"]) >= {"aten::item", "cudaStreamSynchronize"}
     assert r["default_spec"]["spec_id"] and r["default_spec"]["fidelity"]["device"] == "cpu"
+
+
+def test_the_scatter_benchmark_dry_run_checks_every_candidate_against_float64_sums(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu" / "scatter.py"), "--dry-run",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads((tmp_path / "scatter_dry_run.json").read_text())
+    assert r["dry_run"] is True and r["cells"]
+    for cell in r["cells"]:
+        assert set(cell["seconds"]) == set(cell["max_error"])  # every candidate ran and was checked
+        assert all(isinstance(s, float) for s in cell["seconds"].values()), cell["seconds"]
+        assert all(e < 1e-5 for e in cell["max_error"].values()), cell["max_error"]  # float32 sums of ~100 terms
