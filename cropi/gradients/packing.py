@@ -40,6 +40,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from cropi.gradients.groups import vocab_logprobs
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -181,6 +183,6 @@ def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, device) -> torch
     out = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention(dtype, device),
                 position_ids=batch.position_ids.to(device), logits_to_keep=batch.keep, use_cache=False)
     logits = out.logits
-    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    logp = vocab_logprobs(logits)
     source = batch.source.to(device)[:, None].expand_as(batch.index)
     return logp[source, batch.index.to(device), batch.targets.to(device)][batch.expand.to(device)]

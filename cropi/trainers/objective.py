@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 
 from cropi.gradients import popi
+from cropi.gradients.groups import picked_logprobs
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean"]
 
@@ -36,7 +37,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """``log p(token_t | tokens_<t)`` for t = 1..L-1 of right-padded rows: shape [B, L-1]."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-    return torch.log_softmax(logits.float(), dim=-1).gather(2, input_ids[:, 1:, None])[..., 0]
+    return picked_logprobs(logits, input_ids[:, 1:])
 
 
 def grpo_loss(logp: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, *,
