@@ -117,3 +117,22 @@ def test_a_response_drawn_twice_is_packed_once_and_each_copy_reads_its_log_probs
         torch.testing.assert_close(batch.behavior_logp[r, -n:], torch.tensor(shifted[r], dtype=torch.float32))
         assert torch.all(batch.response_mask[r, :-n] == 0) and torch.all(batch.response_mask[r, -n:] == 1)
     assert got.shape[0] == len(copies) + len(other[1])
+
+
+def test_log_probs_of_half_precision_logits_are_float32_and_their_gradient_half():
+    """vocab_logprobs / picked_logprobs: from bfloat16 logits, float32 log-probs equal to a float32 softmax of
+    the same logits (independently: log-sum-exp by hand in float64), and the gradient back in bfloat16."""
+    from cropi.gradients.groups import picked_logprobs
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (4 * torch.randn(2, 5, 300, generator=gen)).to(torch.bfloat16).requires_grad_(True)
+    targets = torch.randint(0, 300, (2, 5), generator=gen)
+    got = picked_logprobs(logits, targets)
+    wide = logits.detach().double()
+    want = wide.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(wide, -1)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)  # float32 softmax of exact bf16 values
+    (grad,) = torch.autograd.grad(got.sum(), logits)
+    assert grad.dtype == torch.bfloat16
+    onehot = torch.nn.functional.one_hot(targets, 300).double()
+    torch.testing.assert_close(grad.double(), onehot - torch.softmax(wide, -1), rtol=0, atol=4e-3)  # bf16 rounding

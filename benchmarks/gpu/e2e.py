@@ -70,7 +70,8 @@ def run_side(work: Path, trajectories: dict[str, Path], store: Path, device: str
     answer = json.loads(printed.getvalue())
     rows = answer["rows"]
     return {"seconds": seconds, "meta": answer["meta"],
-            "table": {key: [r.get(key) for r in rows] for key in ("prompt_id", "rank", "selected", *(f"score:{v}" for v in VALIDATION))}}
+            "table": {key: [r.get(key) for r in rows]
+                      for key in ("prompt_id", "rank", "selected", *(f"score:{v}" for v in VALIDATION))}}
 
 
 def compare(ref: dict, side: dict) -> dict:

@@ -91,7 +91,12 @@ def main(argv=None):
     for out_f, in_f in shapes:
         d = torch.randn(tokens, out_f, device=device, generator=gen).to(torch.bfloat16)
         x = torch.randn(tokens, in_f, device=device, generator=gen).to(torch.bfloat16)
-        form = (lambda: torch.mm(d.T, x, out_dtype=torch.float32)) if device.type == "cuda" else (lambda: d.T.float() @ x.float())
+        if device.type == "cuda":
+            def form():
+                return torch.mm(d.T, x, out_dtype=torch.float32)
+        else:
+            def form():
+                return d.T.float() @ x.float()
         g = form().reshape(-1)
         form_s = clock(form, device, a.repeat)
         for dim in dims:

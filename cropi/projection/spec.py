@@ -221,11 +221,11 @@ DEFAULT_SPEC = ProjectionSpec()
 # the default is looked up here (``default_spec``) by every door that fills in a projection left out (the
 # gradients job, the score request); no other table of defaults exists. CPU: DEFAULT_SPEC, as measured
 # (fidelity_factored_tensorsketch.json, batched_scoring.json). CUDA: the same spec, though k=32768 measured
-# a little faster on an H200 (benchmarks/results/gpu/check.json: 0.205 against 0.210 s a prompt; 3 of 3
-# comparisons): its vectors are 8x larger (128 GB for a million prompts), and a spec that differs by device
-# would make vectors computed on CPU and on a GPU incomparable; k=4096 meets the fidelity goal in bfloat16
-# (fidelity_bfloat16.json). A partial spec (a field or two named) is always completed from DEFAULT_SPEC's
-# fields, on every device.
+# 1-11% faster on an H200 (benchmarks/results/gpu/check*.json: every comparison of three runs; 0.198 against
+# 0.211 s a prompt in the last): its vectors are 8x larger (128 GB for a million prompts), and a spec that
+# differs by device would make vectors computed on CPU and on a GPU incomparable; k=4096 meets the fidelity
+# goal in bfloat16 (fidelity_bfloat16.json). A partial spec (a field or two named) is always completed from
+# DEFAULT_SPEC's fields, on every device.
 DEVICE_DEFAULTS: dict[str, ProjectionSpec] = {"cpu": DEFAULT_SPEC, "cuda": DEFAULT_SPEC}
 
 
