@@ -64,6 +64,19 @@ def test_cuda_engine_in_small_chunks_equals_it_in_one(route, monkeypatch):
     torch.testing.assert_close(chunked, whole, rtol=1e-10, atol=1e-12)
 
 
+def test_cuda_direct_route_spread_over_copies_of_the_buckets_equals_one_copy(monkeypatch):
+    """The cuda direct route adds a group's pairs into copies of the buckets (against atomic contention on a
+    GPU) and sums them: a pair in the wrong copy's bucket, or copies summed wrongly, changes the vectors.
+    The test model's layers are small enough for one copy; here they get as many as the cap allows."""
+    force(monkeypatch, "cuda", "direct")
+    spec = ProjectionSpec(kind="tensorsketch", dim=96, seed=2)
+    one = batched_vectors(double_model(), spec, two_prompts())
+    monkeypatch.setattr(ts, "ADDS_PER_COPY", 1)
+    monkeypatch.setattr(ts, "SCATTER_SPREAD", 96 * 7)  # 7 copies: no layer's input size a multiple of 7
+    spread = batched_vectors(double_model(), spec, two_prompts())
+    torch.testing.assert_close(spread, one, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("engine", ["cpu", "cuda"])
 def test_masking_the_input_or_the_output_gradient_gives_the_same_vectors(engine, monkeypatch):
     """The tensorsketch masks delta (its layers keep their shared inputs unmasked), except where a layer's

@@ -43,7 +43,7 @@ checks both against brute-force gradients, on CPU; the ``gpu`` test checks CUDA 
   (bfloat16) and every product accumulates in float32 (``matmul_acc``); the direct route forms a
   group's gradient as one tensor-core matrix product over the group's tokens (no per-row gradients),
   in chunks of output rows that bound its memory, and adds its pairs into copies of the buckets
-  (``SCATTER_SPREAD``); the FFT route count-sketches each side as a
+  (``ADDS_PER_COPY``, ``SCATTER_SPREAD``); the FFT route count-sketches each side as a
   tensor-core matrix product over sorted hash blocks (``BlockSketch``: no float32 scatter-adds), and
   sketches and transforms tokens in chunks that bound its temporaries. Which route a layer takes
   follows ``CUDA_COSTS``, measured on an H200 (benchmarks/gpu/check.py times each route forced,
@@ -69,11 +69,17 @@ CUDA_PAIR_CHUNK = 2**25  # the cuda engine's direct route: pairs of a group's gr
 CUDA_FFT_CHUNK = 2**27  # the cuda engine's FFT route: elements of a chunk's widest array (tokens x dim, or the
 # gathered side: tokens x ~n) formed at once
 SKETCH_BLOCK = 128  # buckets per block of ``BlockSketch`` (a tensor-core tile's width)
-# The cuda direct route adds a group's pairs into SCATTER_SPREAD // dim copies of its dim buckets (summed after):
-# float32 atomics into only dim addresses serialise. On an H200, 13.8M pairs of a 8960 x 1536 layer into 4096
-# buckets: 0.74 ms as one index_add_, 0.19 ms spread over 128-1024 copies (at 32768 buckets: 0.29 against 0.19;
-# 2**25 elements of copies cost 0.77 ms in zeroing and summing): benchmarks/results/gpu/scatter.json.
+# The cuda direct route adds a group's pairs into copies of its dim buckets (summed after): float32 atomics into
+# only dim addresses serialise. On an H200, 13.8M pairs of a 8960 x 1536 layer into 4096 buckets: 0.74 ms as one
+# index_add_, 0.22 ms over 16 copies (~210 adds an address), 0.19 ms over 128-1024 (at 32768 buckets: 0.29
+# against 0.19 over 16-128; 2**25 elements of copies cost 0.77 ms in zeroing and summing):
+# benchmarks/results/gpu/scatter.json. So as many copies as leave ADDS_PER_COPY adds an address (16: inside the
+# measured plateau, 27 adds or fewer at 4096 buckets, 26 at 32768), at most SCATTER_SPREAD elements a group;
+# Qwen2.5-1.5B's layers stay on that plateau, while a small layer, or a micro-batch of many short groups, gets
+# few copies and zeroes little more than its own buckets. (The GPU check's figures were measured with
+# SCATTER_SPREAD // dim copies for every layer: 512 at 4096 buckets, where this gives 210 for a 8960 x 1536 layer.)
 SCATTER_SPREAD = 2**21
+ADDS_PER_COPY = 16
 
 
 @dataclass(frozen=True)
@@ -307,14 +313,16 @@ class TensorSketchProjector(LayerProjector):
         h_out, s_out, h_in, s_in = self.hashes(name, delta.device)
         x = kept * s_in.to(kept.dtype)  # +-1: exact in any dtype
         acc = torch.promote_types(delta.dtype, torch.float32)
-        copies = max(1, SCATTER_SPREAD // self.out_dim)  # input coordinate i adds into copy i % copies
+        step = max(1, CUDA_PAIR_CHUNK // in_f)
+        adds = min(out_f, step) * in_f  # one index_add_'s pairs
+        copies = max(1, min(SCATTER_SPREAD // self.out_dim, -(-adds // (self.out_dim * ADDS_PER_COPY))))
         out = torch.zeros(groups.n, copies * self.out_dim, dtype=acc, device=delta.device)
         sides = [(delta[m].reshape(-1, out_f), x[m].reshape(-1, in_f)) for m in groups.members]
         h_out32 = h_out.to(torch.int32)
         h_in32 = h_in.to(torch.int32)
+        # input coordinate i adds into copy i % copies
         spread = (torch.arange(in_f, dtype=torch.int32, device=delta.device) % copies) * self.out_dim
         signs = s_out.to(acc)[:, None]
-        step = max(1, CUDA_PAIR_CHUNK // in_f)
         for a in range(0, out_f, step):
             b = min(out_f, a + step)
             bucket = (h_out32[a:b, None] + h_in32[None, :]).remainder_(self.out_dim).add_(spread).reshape(-1)
