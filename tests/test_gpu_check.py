@@ -35,6 +35,7 @@ def test_the_gpu_check_dry_run_writes_its_json_with_the_cuda_figures_absent(tmp_
     assert set(r["stages"]["memory_16k"]) >= {"default", "k32768", "plain"}  # plain: the reference at 16k
     profile = r["stages"]["profile_default"]
     assert profile["top_kernels"] and set(profile["host_syncs"]) >= {"aten::item", "cudaStreamSynchronize"}
+    assert profile["wall_ms"] > 0 and profile["device_busy_share"] is not None  # no kernels on CPU: 0
     assert r["default_spec"]["spec_id"] and r["default_spec"]["fidelity"]["device"] == "cpu"
 
 

@@ -19,7 +19,8 @@ as it ends (a stage that fails or runs out of time is recorded as such, the othe
 - ``qwen2.5-7b``: plain, default and k=32768 in bfloat16, as far as the card's memory allows (a side
   that runs out of memory is recorded as such; the batched computer halves its micro-batches itself);
 - ``profile_default``: a torch profile of the default path at the 1.5B shape (two prompts): the kernels
-  with the most device time and the host's synchronisation calls.
+  with the most device time, the host's synchronisation calls, and the kernels' summed time over the
+  unprofiled wall-clock (whether the host's launches bound the pass).
 
 ``--dry-run``: the same code on CPU with tiny models of those families and short responses, the cuda
 engine forced onto CPU tensors: it checks the script and the engine, measures nothing; every CUDA figure
@@ -368,7 +369,9 @@ class Check:
 
     def profile(self, shape: dict) -> dict:
         """Where the default path's time goes: a torch profile of two prompts (after one untimed), the kernels
-        with the most device time and the host's synchronisations (the issue's profile found 464 `.item()`)."""
+        with the most device time and the host's synchronisations (the issue's profile found 464 `.item()`);
+        and whether the device or the host bounds the pass: the kernels' summed time against the same two
+        prompts' wall-clock without the profiler (``device_busy_share`` well under 1: the host's launches)."""
         from torch.profiler import ProfilerActivity, profile
 
         model = build_model(shape, self.device, self.dtype, self.attention)
@@ -376,18 +379,25 @@ class Check:
         prompts = self.prompts(3, shape["vocab_size"], seed=3)
         run(prompts[:1])
         sync(self.device)
+        began = time.perf_counter()
+        run(prompts[1:])
+        sync(self.device)
+        wall_ms = (time.perf_counter() - began) * 1e3
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         with profile(activities=activities) as prof:
             run(prompts[1:])
             sync(self.device)
         events = prof.key_averages()
-        device_us = {e.key: getattr(e, "self_device_time_total", 0) or 0 for e in events}
-        total = sum(device_us.values()) or 1
+        # kernels only (an aten op's own row repeats its kernels' device time); every event on a CPU dry run
+        kernels = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA] or events
+        device_us = {e.key: getattr(e, "self_device_time_total", 0) or 0 for e in kernels}
+        total = sum(device_us.values())
         top = sorted(device_us.items(), key=lambda kv: -kv[1])[:15]
         calls = {e.key: e.count for e in events}
         del model, run
-        return {"measured": not self.dry, "prompts": 2, "device_ms": total / 1e3,
-                "top_kernels": [{"name": k[:120], "ms": v / 1e3, "share": v / total} for k, v in top],
+        return {"measured": not self.dry, "prompts": 2, "kernel_ms": total / 1e3, "wall_ms": wall_ms,
+                "device_busy_share": total / 1e3 / wall_ms if wall_ms > 0 else None,
+                "top_kernels": [{"name": k[:120], "ms": v / 1e3, "share": v / (total or 1)} for k, v in top],
                 "host_syncs": {k: calls.get(k, 0) for k in ("aten::item", "aten::_local_scalar_dense",
                                                             "cudaStreamSynchronize", "cudaDeviceSynchronize")}}
 

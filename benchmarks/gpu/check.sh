@@ -6,7 +6,7 @@
 # Uses that machine's own python3 ($PY) and the wheels taken along in .whl/ (pydantic, pydantic-core,
 # annotated-types, typing-inspection, dill: installed offline into $SITE, nothing from the network, nothing
 # built). Runs the CUDA tests (`-m gpu`), then benchmarks/gpu/check.py, each under its own time limit, the
-# whole well inside 8 minutes; writes benchmarks/results/gpu/{pytest_gpu.json,check.json,e2e.json} (or $GPU_OUT/). vLLM and verl are
+# whole well inside 8 minutes; writes benchmarks/results/gpu/{pytest_gpu,check,scatter,e2e}.json (or $GPU_OUT/). vLLM and verl are
 # not run there (no network, no room for vLLM's GPU wheel): check.json records why.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -40,6 +40,8 @@ json.dump(summary, open(f"{stem}.json", "w"), indent=2)
 print("[check] gpu tests:", summary)
 PYEOF
 timeout 330 "$PY" benchmarks/gpu/check.py --out "$OUT" "$@" || status=1
+# The cuda direct route's scatter candidates, the engine's own rule among them (benchmarks/gpu/scatter.py; ~10 s)
+timeout 90 "$PY" benchmarks/gpu/scatter.py --out "$OUT" ${dry:+--dry-run} || status=1
 # The gradients job end to end on CUDA against CPU (benchmarks/gpu/e2e.py), where a `make demo` folder's warm
 # start and trajectories were taken along (E2E_WORK; default runs/gpu_e2e: models/theta0 + runs/trajectories).
 E2E_WORK=${E2E_WORK:-runs/gpu_e2e}

@@ -1,8 +1,9 @@
 """How to add a formed gradient's (out x in) pairs into their ``dim`` TensorSketch buckets on CUDA: the cuda
 engine's direct route (cropi.projection.tensorsketch) spends ~35% of its device time in float32
-``index_add_`` (benchmarks/results/gpu/check.json, ``profile_default``). This times the candidates side by
-side on one card, for Qwen2.5-1.5B's layer shapes, against forming the gradient itself (the bfloat16 product
-over a prompt's 5,120 tokens with float32 results), and checks each against float64 sums.
+``index_add_`` (benchmarks/results/gpu/check_before_spread.json, ``profile_default``). This times the
+candidates side by side on one card (``engine_rule``: the copies the engine takes now, ``ADDS_PER_COPY``),
+for Qwen2.5-1.5B's layer shapes, against forming the gradient itself (the bfloat16 product over a prompt's
+5,120 tokens with float32 results), and checks each against float64 sums.
 
     python benchmarks/gpu/scatter.py --out DIR        (--dry-run: small shapes on CPU, checks only)  -> DIR/scatter.json
 """
@@ -18,6 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import environment, write_json  # noqa: E402
+
+from cropi.projection import tensorsketch as ts  # noqa: E402
 
 SHAPES = [(8960, 1536), (1536, 8960), (1536, 1536), (256, 1536)]  # gate/up, down, q/o, k/v
 DIMS = [4096, 32768]
@@ -48,7 +51,9 @@ def candidates(bucket: torch.Tensor, dim: int):
     def segment(v):
         return torch.segment_reduce(v[order32], "sum", lengths=counts)
 
+    rule = max(1, min(ts.SCATTER_SPREAD // dim, -(-n // (dim * ts.ADDS_PER_COPY))))  # the engine's own copies
     return {
+        "engine_rule": replicated(rule),
         "index_add_int32": lambda v: torch.zeros(dim, dtype=v.dtype, device=v.device).index_add_(0, bucket, v),
         "index_add_int64": lambda v: torch.zeros(dim, dtype=v.dtype, device=v.device).index_add_(0, b64, v),
         "scatter_add": lambda v: torch.zeros(dim, dtype=v.dtype, device=v.device).scatter_add_(0, b64, v),
