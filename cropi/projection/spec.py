@@ -221,7 +221,7 @@ DEFAULT_SPEC = ProjectionSpec()
 # the default is looked up here (``default_spec``) by every door that fills in a projection left out (the
 # gradients job, the score request); no other table of defaults exists. CPU: DEFAULT_SPEC, as measured
 # (fidelity_factored_tensorsketch.json, batched_scoring.json). CUDA: the same spec, though k=32768 measured
-# 1-11% faster on an H200 (benchmarks/results/gpu/check*.json: every comparison of three runs; 0.198 against
+# 0.7-11% faster on an H200 (benchmarks/results/gpu/check*.json: every comparison of three runs; 0.198 against
 # 0.211 s a prompt in the last): its vectors are 8x larger (128 GB for a million prompts), and a spec that
 # differs by device would make vectors computed on CPU and on a GPU incomparable; k=4096 meets the fidelity
 # goal in bfloat16 (fidelity_bfloat16.json). A partial spec (a field or two named) is always completed from
