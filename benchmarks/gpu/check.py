@@ -14,8 +14,8 @@ as it ends (a stage that fails or runs out of time is recorded as such, the othe
   ``default`` (the batched computer at the spec ``default_spec('cuda')`` resolves to), ``k32768`` (the
   same at dim 32768) and ``sjlt`` (the per-prompt computer, dim 32768, kept fraction 0.1), interleaved
   chunk by chunk with the order rotating, after one untimed round; ``routes``: the default and k=32768
-  with each of the cuda engine's two routes forced (cropi.projection.tensorsketch.CUDA_COSTS chooses
-  between them by estimates these replace); goal: ``default_over_plain`` and ``k32768_over_plain`` <= 0.8;
+  with each of the cuda engine's two routes forced (cropi.projection.tensorsketch.CUDA_COSTS, measured
+  from these, chooses between them); goal: ``default_over_plain`` and ``k32768_over_plain`` <= 0.8;
 - ``qwen2.5-7b``: plain, default and k=32768 in bfloat16, as far as the card's memory allows (a side
   that runs out of memory is recorded as such; the batched computer halves its micro-batches itself);
 - ``profile_default``: a torch profile of the default path at the 1.5B shape (two prompts): the kernels

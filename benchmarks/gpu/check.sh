@@ -6,8 +6,9 @@
 # Uses that machine's own python3 ($PY) and the wheels taken along in .whl/ (pydantic, pydantic-core,
 # annotated-types, typing-inspection, dill: installed offline into $SITE, nothing from the network, nothing
 # built). Runs the CUDA tests (`-m gpu`), then benchmarks/gpu/check.py, each under its own time limit, the
-# whole well inside 8 minutes; writes benchmarks/results/gpu/{pytest_gpu,check,scatter,e2e}.json (or $GPU_OUT/). vLLM and verl are
-# not run there (no network, no room for vLLM's GPU wheel): check.json records why.
+# whole well inside 8 minutes; writes benchmarks/results/gpu/{pytest_gpu,check,scatter,e2e}.json (or $GPU_OUT/).
+# vLLM and verl are not run there (no network, no room for vLLM's GPU wheel): check.json records why. Options
+# after the command go to check.py (--dry-run to every script).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python3}
@@ -46,7 +47,7 @@ timeout 90 "$PY" benchmarks/gpu/scatter.py --out "$OUT" ${dry:+--dry-run} || sta
 # start and trajectories were taken along (E2E_WORK; default runs/gpu_e2e: models/theta0 + runs/trajectories).
 E2E_WORK=${E2E_WORK:-runs/gpu_e2e}
 if [ -d "$E2E_WORK/models/theta0" ]; then
-  timeout 150 "$PY" benchmarks/gpu/e2e.py --work "$E2E_WORK" --out "$OUT" "$@" || status=1
+  timeout 150 "$PY" benchmarks/gpu/e2e.py --work "$E2E_WORK" --out "$OUT" ${dry:+--dry-run} || status=1
 else
   echo "[check] no $E2E_WORK/models/theta0: the end-to-end comparison skipped (copy a make demo folder's models/theta0 and runs/trajectories there)"
 fi
