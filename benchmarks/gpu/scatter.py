@@ -26,13 +26,13 @@ SHAPES = [(8960, 1536), (1536, 8960), (1536, 1536), (256, 1536)]  # gate/up, dow
 DIMS = [4096, 32768]
 
 
-def candidates(bucket: torch.Tensor, dim: int):
+def candidates(bucket: torch.Tensor, dim: int, in_f: int):
     """name -> (prepare once per layer, add one gradient's flat values)."""
     b64 = bucket.long()
     n = bucket.numel()
 
-    def replicated(r):
-        idx = (bucket + (torch.arange(n, device=bucket.device, dtype=torch.int32) % r) * dim)
+    def replicated(r, width=n):  # pair p into copy (p % width) % r; the engine's width: the input coordinates
+        idx = (bucket + (torch.arange(n, device=bucket.device, dtype=torch.int32) % width % r) * dim)
 
         def run(v):
             return torch.zeros(r * dim, dtype=v.dtype, device=v.device).index_add_(0, idx, v).view(r, dim).sum(0)
@@ -51,9 +51,8 @@ def candidates(bucket: torch.Tensor, dim: int):
     def segment(v):
         return torch.segment_reduce(v[order32], "sum", lengths=counts)
 
-    rule = max(1, min(ts.SCATTER_SPREAD // dim, -(-n // (dim * ts.ADDS_PER_COPY))))  # the engine's own copies
     return {
-        "engine_rule": replicated(rule),
+        "engine_rule": replicated(ts.scatter_copies(n, dim), in_f),  # the engine's copies, as it assigns them
         "index_add_int32": lambda v: torch.zeros(dim, dtype=v.dtype, device=v.device).index_add_(0, bucket, v),
         "index_add_int64": lambda v: torch.zeros(dim, dtype=v.dtype, device=v.device).index_add_(0, b64, v),
         "scatter_add": lambda v: torch.zeros(dim, dtype=v.dtype, device=v.device).scatter_add_(0, b64, v),
@@ -110,7 +109,7 @@ def main(argv=None):
             bucket = (h_out[:, None] + h_in[None, :]).remainder_(dim).reshape(-1)
             exact = torch.zeros(dim, dtype=torch.float64, device=device).index_add_(0, bucket.long(), g.double())
             cell = {"out": out_f, "in": in_f, "dim": dim, "form_gradient_s": form_s, "seconds": {}, "max_error": {}}
-            for name, fn in candidates(bucket, dim).items():
+            for name, fn in candidates(bucket, dim, in_f).items():
                 try:
                     got = fn(g)
                     cell["max_error"][name] = float((got.double() - exact).abs().max() / exact.abs().max())

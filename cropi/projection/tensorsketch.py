@@ -82,6 +82,11 @@ SCATTER_SPREAD = 2**21
 ADDS_PER_COPY = 16
 
 
+def scatter_copies(adds: int, dim: int) -> int:
+    """How many copies of ``dim`` buckets one index_add_ of ``adds`` pairs spreads over (the comment above)."""
+    return max(1, min(SCATTER_SPREAD // dim, -(-adds // (dim * ADDS_PER_COPY))))
+
+
 @dataclass(frozen=True)
 class RouteCosts:
     """Seconds per unit of the two exact routes' work on one device, for choosing between them.
@@ -314,8 +319,7 @@ class TensorSketchProjector(LayerProjector):
         x = kept * s_in.to(kept.dtype)  # +-1: exact in any dtype
         acc = torch.promote_types(delta.dtype, torch.float32)
         step = max(1, CUDA_PAIR_CHUNK // in_f)
-        adds = min(out_f, step) * in_f  # one index_add_'s pairs
-        copies = max(1, min(SCATTER_SPREAD // self.out_dim, -(-adds // (self.out_dim * ADDS_PER_COPY))))
+        copies = scatter_copies(min(out_f, step) * in_f, self.out_dim)  # one index_add_'s pairs
         out = torch.zeros(groups.n, copies * self.out_dim, dtype=acc, device=delta.device)
         sides = [(delta[m].reshape(-1, out_f), x[m].reshape(-1, in_f)) for m in groups.members]
         h_out32 = h_out.to(torch.int32)
