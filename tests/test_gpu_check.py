@@ -32,6 +32,8 @@ def test_the_gpu_check_dry_run_writes_its_json_with_the_cuda_figures_absent(tmp_
     assert all(isinstance(v, float) and v > 0 for v in small["seconds_per_prompt"].values())
     assert set(small["routes"]["seconds_per_prompt"]) == {"default_direct", "default_fft", "k32768_direct",
                                                           "k32768_fft", "plain"}
+    varied = small["varied_lengths"]  # padded rows: the masked pass, timed beside plain
+    assert set(varied["seconds_per_prompt"]) == {"plain", "default"} and varied["default_over_plain"] > 0
     assert set(r["stages"]["memory_16k"]) >= {"default", "k32768", "plain"}  # plain: the reference at 16k
     profile = r["stages"]["profile_default"]
     assert profile["top_kernels"] and set(profile["host_syncs"]) >= {"aten::item", "cudaStreamSynchronize"}

@@ -72,7 +72,7 @@ def test_cuda_direct_route_spread_over_copies_of_the_buckets_equals_one_copy(mon
     spec = ProjectionSpec(kind="tensorsketch", dim=96, seed=2)
     one = batched_vectors(double_model(), spec, two_prompts())
     monkeypatch.setattr(ts, "ADDS_PER_COPY", 1)
-    monkeypatch.setattr(ts, "SCATTER_SPREAD", 96 * 7)  # 7 copies: no layer's input size a multiple of 7
+    monkeypatch.setattr(ts, "SCATTER_SPREAD", ts.FOLDED * 96 * 7)  # 7 copies: no layer's input size a multiple of 7
     spread = batched_vectors(double_model(), spec, two_prompts())
     torch.testing.assert_close(spread, one, rtol=1e-10, atol=1e-12)
 
@@ -169,6 +169,60 @@ def test_a_bfloat16_model_keeps_bfloat16_factors_and_float32_sums(engine, monkey
     ref = batched_vectors(tiny_model(1), spec, two_prompts())
     cos = torch.nn.functional.cosine_similarity(got, ref, dim=1)
     assert float(cos.min()) > 0.97, cos
+
+
+@pytest.mark.parametrize("engine", ["cpu", "cuda"])
+def test_padding_is_masked_where_a_pass_has_any_and_a_pass_without_skips_the_multiply(engine, monkeypatch):
+    """A pass whose host mask has no zero skips the masking multiply (``Capture.padded``), so the mask must still
+    act wherever there is padding. A causal model gives padding no delta (nothing reads it), so here the loss
+    reads every position's logits: positions marked padding then carry delta, and only the mask keeps their
+    products out. The truth: autograd's weight gradients with every weight detached at the padded positions
+    (the products at the other positions, delta from every position), pair-hash sketched row by row."""
+    force(monkeypatch, engine, None)
+    spec = ProjectionSpec(kind="tensorsketch", dim=64, seed=5)
+    model = double_model()
+    hooks = FactoredHooks(model, make_projector(spec, shapes_of(model)))
+    ids = torch.randint(1, 90, (2, 7), generator=torch.Generator().manual_seed(0))
+
+    def loss():
+        return model(input_ids=ids).logits.logsumexp(-1).sum()
+
+    def captured(mask):
+        with hooks.capture(mask) as cap:
+            cap.backward(loss())
+        return cap
+
+    whole = captured(torch.ones(2, 7))
+    assert whole.padded is False and whole.masked(ids) is ids  # no multiply by ones
+    mask = torch.ones(2, 7)
+    mask[0, 4:] = 0  # row 0's last three positions and row 1's last one marked padding
+    mask[1, 6:] = 0
+    padded = captured(mask)
+    assert padded.padded is True
+    assert not torch.allclose(padded.rows, whole.rows)  # their delta was there, and the mask took it out
+
+    def weights_only_at(keep):  # keep (2, 7): the positions whose products count
+        def linear(mod, inputs, out):
+            return torch.where(keep[..., None], out, torch.nn.functional.linear(
+                inputs[0], mod.weight.detach(), None if mod.bias is None else mod.bias.detach()))
+
+        def embedding(mod, inputs, out):
+            return torch.where(keep[..., None], out, torch.nn.functional.embedding(inputs[0], mod.weight.detach()))
+        return [m.register_forward_hook(linear) for m in model.modules() if isinstance(m, torch.nn.Linear)] + [
+            model.get_input_embeddings().register_forward_hook(embedding)]
+
+    params = dict(model.named_parameters())
+    for row in range(2):
+        keep = mask.bool().clone()
+        keep[1 - row] = False
+        handles = weights_only_at(keep)
+        try:
+            grads = dict(zip(params, torch.autograd.grad(loss(), list(params.values()), allow_unused=True)))
+        finally:
+            for h in handles:
+                h.remove()
+        want = pair_hash_sketch(spec, shapes_of(model), grads, 64)
+        np.testing.assert_allclose(padded.rows[row].numpy(), want, rtol=1e-9, atol=1e-11)
 
 
 @pytest.mark.parametrize("route", ["direct", "fft"])

@@ -89,15 +89,19 @@ def build_model(shape: dict, device: torch.device, dtype: torch.dtype, attention
     return model.to(device).eval()
 
 
-def trajectories(n: int, vocab: int, responses: int, tokens: int, prompt_tokens: int, seed: int = 0):
-    """Random tokens; mixed rewards, so every prompt has a non-zero advantage (a real backward)."""
+def trajectories(n: int, vocab: int, responses: int, tokens: int, prompt_tokens: int, seed: int = 0,
+                 varied: bool = False):
+    """Random tokens; mixed rewards, so every prompt has a non-zero advantage (a real backward). ``varied``:
+    response lengths uniform in [tokens / 2, 3 tokens / 2] (the same mean), so rows carry padding."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
+        lengths = (rng.integers(tokens // 2, tokens * 3 // 2 + 1, responses) if varied
+                   else [tokens] * responses)
         out.append(PromptTrajectories(
             prompt_id=f"p{i}", prompt_token_ids=rng.integers(1, vocab, prompt_tokens).tolist(),
-            responses=rng.integers(1, vocab, size=(responses, tokens)).tolist(),
-            behavior_logprobs=[[-float(np.log(vocab))] * tokens] * responses,
+            responses=[rng.integers(1, vocab, int(t)).tolist() for t in lengths],
+            behavior_logprobs=[[-float(np.log(vocab))] * int(t) for t in lengths],
             rewards=[float(k % 2) for k in range(responses)], finish_reasons=["length"] * responses,
             texts=[""] * responses))
     return out
@@ -251,9 +255,9 @@ class Check:
         self.save()
         print(f"[check] {name}: {record.get('error') or 'done'} in {record['seconds']:.0f} s", flush=True)
 
-    def prompts(self, n: int, vocab: int, seed: int = 0):
+    def prompts(self, n: int, vocab: int, seed: int = 0, varied: bool = False):
         a = self.args
-        return trajectories(n, vocab, a.responses, a.response_tokens, a.prompt_tokens, seed)
+        return trajectories(n, vocab, a.responses, a.response_tokens, a.prompt_tokens, seed, varied)
 
     # -- stages ------------------------------------------------------------------------------------------
     def probe(self) -> dict:
@@ -325,6 +329,9 @@ class Check:
                   for route in ("direct", "fft")}
         route_prompts = self.prompts(chunk * 2, shape["vocab_size"], seed=1)
         per_route = timed(routes | {"plain": fns["plain"]}, route_prompts, chunk, self.device)
+        # responses of varied lengths (the same mean): rows padded, so the hooks mask delta as a user's pass does
+        varied = timed({"plain": fns["plain"], "default": fns["default"]},
+                       self.prompts(chunk * 2, shape["vocab_size"], seed=2, varied=True), chunk, self.device)
         del model, sides, fns, routes
         if not self.dry:  # a dry run's CPU seconds are no figure: the top-level CUDA keys stay absent
             self.report["seconds_per_prompt"] = per
@@ -336,6 +343,8 @@ class Check:
                 "sjlt_over_plain": ratio(per.get("sjlt"), per["plain"]),
                 "routes": {"seconds_per_prompt": per_route,
                            "over_plain": {k: ratio(v, per_route["plain"]) for k, v in per_route.items()}},
+                "varied_lengths": {"seconds_per_prompt": varied,
+                                   "default_over_plain": ratio(varied["default"], varied["plain"])},
                 "prompts_timed": chunk * self.args.rounds}
 
     def large(self, shape: dict) -> dict:

@@ -1,7 +1,9 @@
 """How to add a formed gradient's (out x in) pairs into their ``dim`` TensorSketch buckets on CUDA: the cuda
 engine's direct route (cropi.projection.tensorsketch) spends ~35% of its device time in float32
 ``index_add_`` (benchmarks/results/gpu/check_before_spread.json, ``profile_default``). This times the
-candidates side by side on one card (``engine_rule``: the copies the engine takes now, ``ADDS_PER_COPY``),
+candidates side by side on one card (``engine_rule``: the copies the engine took before its folded layout,
+``ADDS_PER_COPY``; ``previous_pass`` and ``folded_pass``: a layer's whole per-pass work after the product, before
+and now: the addresses formed, the signs applied, the adds, the copies summed),
 for Qwen2.5-1.5B's layer shapes, against forming the gradient itself (the bfloat16 product over a prompt's
 5,120 tokens with float32 results), and checks each against float64 sums.
 
@@ -26,10 +28,29 @@ SHAPES = [(8960, 1536), (1536, 8960), (1536, 1536), (256, 1536)]  # gate/up, dow
 DIMS = [4096, 32768]
 
 
-def candidates(bucket: torch.Tensor, dim: int, in_f: int):
+def candidates(bucket: torch.Tensor, dim: int, in_f: int, h_out: torch.Tensor, h_in: torch.Tensor):
     """name -> (prepare once per layer, add one gradient's flat values)."""
     b64 = bucket.long()
     n = bucket.numel()
+    out_f = n // in_f
+    ones = torch.ones(out_f, 1, device=bucket.device)  # the signs the previous pass multiplied in (all +1 here)
+
+    def previous_pass(v):  # the engine before fold_sides: three passes for the addresses, one for the signs
+        r = ts.scatter_copies(n, dim)
+        spread = (torch.arange(in_f, dtype=torch.int32, device=v.device) % r) * dim
+        idx = (h_out[:, None] + h_in[None, :]).remainder_(dim).add_(spread).reshape(-1)
+        g = v.view(out_f, in_f).mul(ones)
+        return torch.zeros(r * dim, dtype=v.dtype, device=v.device).index_add_(0, idx, g.reshape(-1)).view(r, dim).sum(0)
+
+    r_fold = ts.scatter_copies(n, ts.FOLDED * dim)
+    a_side = h_out  # every sign +1: quadrant 0 (the engine's quadrant offsets are part of its cached sides)
+    b_side = h_in + (torch.arange(in_f, dtype=torch.int32, device=bucket.device) % r_fold) * 2 * dim
+
+    def folded_pass(v):  # the engine now (tensorsketch.fold_sides): one add for the addresses, the fold after
+        idx = (a_side[:, None] + b_side[None, :]).reshape(-1)
+        acc = torch.zeros(r_fold * ts.FOLDED * dim, dtype=v.dtype, device=v.device).index_add_(0, idx, v)
+        q = acc.view(4, r_fold * 2, dim).sum(1)
+        return (q[0] - q[1]) - (q[2] - q[3])
 
     def replicated(r, width=n):  # pair p into copy (p % width) % r; the engine's width: the input coordinates
         idx = (bucket + (torch.arange(n, device=bucket.device, dtype=torch.int32) % width % r) * dim)
@@ -52,7 +73,9 @@ def candidates(bucket: torch.Tensor, dim: int, in_f: int):
         return torch.segment_reduce(v[order32], "sum", lengths=counts)
 
     return {
-        "engine_rule": replicated(ts.scatter_copies(n, dim), in_f),  # the engine's copies, as it assigns them
+        "engine_rule": replicated(ts.scatter_copies(n, dim), in_f),  # the engine's copies before the folded layout
+        "previous_pass": previous_pass,
+        "folded_pass": folded_pass,
         "index_add_int32": lambda v: torch.zeros(dim, dtype=v.dtype, device=v.device).index_add_(0, bucket, v),
         "index_add_int64": lambda v: torch.zeros(dim, dtype=v.dtype, device=v.device).index_add_(0, b64, v),
         "scatter_add": lambda v: torch.zeros(dim, dtype=v.dtype, device=v.device).scatter_add_(0, b64, v),
@@ -109,7 +132,7 @@ def main(argv=None):
             bucket = (h_out[:, None] + h_in[None, :]).remainder_(dim).reshape(-1)
             exact = torch.zeros(dim, dtype=torch.float64, device=device).index_add_(0, bucket.long(), g.double())
             cell = {"out": out_f, "in": in_f, "dim": dim, "form_gradient_s": form_s, "seconds": {}, "max_error": {}}
-            for name, fn in candidates(bucket, dim, in_f).items():
+            for name, fn in candidates(bucket, dim, in_f, h_out, h_in).items():
                 try:
                     got = fn(g)
                     cell["max_error"][name] = float((got.double() - exact).abs().max() / exact.abs().max())

@@ -171,7 +171,7 @@ class BatchedComputer:
         """One forward and one hooked backward of a batch of live prompts whose responses are ``rows``
         (prompt, response) in the batch's response order; ``cap.rows[j]`` is prompt ``owners[j]``'s sum."""
         beh, mask = batch.behavior_logp.to(self.device), batch.response_mask.to(self.device)
-        with self.hooks.capture(token_mask.to(self.device), groups) as cap:
+        with self.hooks.capture(token_mask, groups) as cap:  # a host mask: capture moves it
             logp = logprobs()
             log_w = sequence_log_weights(logp.detach(), beh, mask)  # read back after the backward is queued
             adv = torch.stack([prompts[i].adv[k] for i, k in rows]).to(self.device)

@@ -197,7 +197,7 @@ class GradientEngine:
                         list(range(len(seqs))), pad_id)
         on_policy = torch.tensor([b is None for b in behavior], device=device)[:, None]
         recorder = Tape(mb.attention_mask.to(device)) if tape else None
-        with self.hooks.capture(mb.attention_mask.to(device)) as cap, \
+        with self.hooks.capture(mb.attention_mask) as cap, \
                 (recorder.record(self.model) if recorder else nullcontext()):
             lp = left_padded_logprobs(self.model, mb, device)
             mask = mb.response_mask.to(device)

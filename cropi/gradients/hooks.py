@@ -50,8 +50,9 @@ class Capture:
     """What one forward/backward under ``FactoredHooks.capture`` collects."""
 
     def __init__(self, n_rows: int, projector, mask: torch.Tensor, dtype: torch.dtype,
-                 groups: RowGroups | torch.Tensor | None = None):
+                 groups: RowGroups | torch.Tensor | None = None, padded: bool = True):
         self.projector = projector
+        self.padded = padded  # False: every position is a real token, so masking multiplies by ones
         # groups: row -> the sum it belongs to (a prompt's rows); rows then holds one sum per group
         self.groups = as_groups(groups)
         n_out = n_rows if self.groups is None else self.groups.n
@@ -78,7 +79,11 @@ class Capture:
             self.add(*self.projector.embedding_block(name, self.tokens, g.to(self.rows.dtype), self.mask, self.groups))
 
     def masked(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` (rows, tokens, k) zeroed on padding, in ``x``'s dtype; an output layer sees only the last positions."""
+        """``x`` (rows, tokens, k) zeroed on padding, in ``x``'s dtype; an output layer sees only the last positions.
+        A pass without padding returns ``x`` itself: the multiply by ones was one read and write of every layer's
+        delta, ~10% of the default path's device time on an H200 (benchmarks/results/gpu/check.json's profile)."""
+        if not self.padded:
+            return x
         mask = self._masks.get(x.dtype)
         if mask is None:
             mask = self._masks[x.dtype] = self.mask.to(x.dtype)
@@ -111,7 +116,8 @@ class FactoredHooks:
 
     @contextmanager
     def capture(self, token_mask: torch.Tensor, groups=None) -> Iterator[Capture]:
-        """Hooks on for one forward and one ``Capture.backward``; ``token_mask`` (rows, tokens): 1 on real tokens.
+        """Hooks on for one forward and one ``Capture.backward``; ``token_mask`` (rows, tokens): 1 on real tokens
+        (a host tensor tells the hooks, without a device read, whether the pass has any padding to mask).
         ``groups``: each row's group 0..n-1 (a host list, ``RowGroups``, or a tensor, read back once):
         ``cap.rows[j]`` is then the sum of the rows of group j, which a kind may form more cheaply than the
         rows themselves (tensorsketch sums a group's gradients before sketching)."""
@@ -119,7 +125,8 @@ class FactoredHooks:
         dtype = torch.promote_types(param.dtype, torch.float32)
         if groups is not None and not isinstance(groups, RowGroups):
             groups = RowGroups.of(groups, param.device)
-        cap = Capture(token_mask.shape[0], self.projector, token_mask.to(param.device), dtype, groups)
+        padded = token_mask.device.type != "cpu" or not bool(token_mask.all())
+        cap = Capture(token_mask.shape[0], self.projector, token_mask.to(param.device), dtype, groups, padded)
         cap.embedded = list(self.embedded)
         cap.padding_idx = getattr(self.embedding, "padding_idx", None)
         handles = [self.embedding.register_forward_hook(lambda m, i, out: self._anchor(cap, i[0], out))]

@@ -42,8 +42,9 @@ checks both against brute-force gradients, on CPU; the ``gpu`` test checks CUDA 
   ``RowGroups``; plans are built once per layer and cached); the factors stay in the model's dtype
   (bfloat16) and every product accumulates in float32 (``matmul_acc``); the direct route forms a
   group's gradient as one tensor-core matrix product over the group's tokens (no per-row gradients),
-  in chunks of output rows that bound its memory, and adds its pairs into copies of the buckets
-  (``ADDS_PER_COPY``, ``SCATTER_SPREAD``); the FFT route count-sketches each side as a
+  in chunks of output rows that bound its memory, and adds its pairs unsigned into copies of the buckets
+  at addresses that carry the pair's sign and unreduced bucket (``fold_sides``; ``ADDS_PER_COPY``,
+  ``SCATTER_SPREAD``), folded once a layer; the FFT route count-sketches each side as a
   tensor-core matrix product over sorted hash blocks (``BlockSketch``: no float32 scatter-adds), and
   sketches and transforms tokens in chunks that bound its temporaries. Which route a layer takes
   follows ``CUDA_COSTS``, measured on an H200 (benchmarks/gpu/check.py times each route forced,
@@ -78,12 +79,15 @@ SKETCH_BLOCK = 128  # buckets per block of ``BlockSketch`` (a tensor-core tile's
 # Qwen2.5-1.5B's layers stay on that plateau, while a small layer, or a micro-batch of many short groups, gets
 # few copies and zeroes little more than its own buckets. (The GPU check's figures were measured with
 # SCATTER_SPREAD // dim copies for every layer: 512 at 4096 buckets, where this gives 210 for a 8960 x 1536 layer.)
+# The folded layout (``fold_sides``) counts FOLDED * dim accumulators a copy, so the same rule leaves the same adds
+# an address and the same cap on a group's accumulators.
 SCATTER_SPREAD = 2**21
 ADDS_PER_COPY = 16
+FOLDED = 8  # a copy's accumulators in the direct route's folded layout: 4 sign quadrants x the 2 dim unwrapped sums
 
 
 def scatter_copies(adds: int, dim: int) -> int:
-    """How many copies of ``dim`` buckets one index_add_ of ``adds`` pairs spreads over (the comment above)."""
+    """How many copies of ``dim`` accumulators one index_add_ of ``adds`` pairs spreads over (the comment above)."""
     return max(1, min(SCATTER_SPREAD // dim, -(-adds // (dim * ADDS_PER_COPY))))
 
 
@@ -311,29 +315,43 @@ class TensorSketchProjector(LayerProjector):
 
     def _cuda_direct(self, name: str, delta: torch.Tensor, kept: torch.Tensor, groups: RowGroups) -> torch.Tensor:
         """Each group's gradient ``sum_t delta_t x_t^T`` as one product over its tokens (chunks of output
-        rows), its pairs' buckets computed from the two sides' hashes on the way and added in (int32). The
-        input side's signs go on ``x`` (the narrow side), the output side's on the formed rows: no copy
-        of ``delta``, which for the output layer is vocabulary-wide."""
+        rows), its pairs added unsigned at ``a(o) + b(i)`` (``fold_sides``) and the addresses folded after: no
+        sign multiplied into ``x`` or the formed rows, no remainder taken per pair (one int32 add a pair)."""
         out_f, in_f = self._shapes[name]
-        h_out, s_out, h_in, s_in = self.hashes(name, delta.device)
-        x = kept * s_in.to(kept.dtype)  # +-1: exact in any dtype
         acc = torch.promote_types(delta.dtype, torch.float32)
         step = max(1, CUDA_PAIR_CHUNK // in_f)
-        copies = scatter_copies(min(out_f, step) * in_f, self.out_dim)  # one index_add_'s pairs
-        out = torch.zeros(groups.n, copies * self.out_dim, dtype=acc, device=delta.device)
-        sides = [(delta[m].reshape(-1, out_f), x[m].reshape(-1, in_f)) for m in groups.members]
-        h_out32 = h_out.to(torch.int32)
-        h_in32 = h_in.to(torch.int32)
-        # input coordinate i adds into copy i % copies
-        spread = (torch.arange(in_f, dtype=torch.int32, device=delta.device) % copies) * self.out_dim
-        signs = s_out.to(acc)[:, None]
+        copies = scatter_copies(min(out_f, step) * in_f, FOLDED * self.out_dim)  # one index_add_'s pairs
+        out = torch.zeros(groups.n, copies * FOLDED * self.out_dim, dtype=acc, device=delta.device)
+        sides = [(delta[m].reshape(-1, out_f), kept[m].reshape(-1, in_f)) for m in groups.members]
+        a_side, b_side = self.fold_sides(name, delta.device, copies)
         for a in range(0, out_f, step):
             b = min(out_f, a + step)
-            bucket = (h_out32[a:b, None] + h_in32[None, :]).remainder_(self.out_dim).add_(spread).reshape(-1)
+            index = (a_side[a:b, None] + b_side[None, :]).reshape(-1)
             for j, (dj, xj) in enumerate(sides):
-                g = matmul_acc(dj[:, a:b].T, xj).mul_(signs[a:b])
-                out[j].index_add_(0, bucket, g.reshape(-1))
-        return out.view(groups.n, copies, self.out_dim).sum(dim=1)
+                out[j].index_add_(0, index, matmul_acc(dj[:, a:b].T, xj).reshape(-1))
+        # (groups, sign quadrant, copy x wrap, dim): copies and the wrap summed, then the quadrants signed
+        q = out.view(groups.n, 4, copies * 2, self.out_dim).sum(dim=2)
+        return (q[:, 0] - q[:, 1]) - (q[:, 2] - q[:, 3])
+
+    def fold_sides(self, name: str, device, copies: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cuda direct route's addresses, int32, cached: pair (o, i) adds unsigned into ``a[o] + b[i]`` of a
+        group's ``copies * FOLDED * dim`` accumulators, laid out (sign quadrant, copy, wrap, dim):
+
+        - ``h_out(o) + h_in(i)`` lies in [0, 2 dim): its bucket ``mod dim`` is the wrap folded after;
+        - input coordinate i goes to copy ``i % copies`` (against atomic contention, ``scatter_copies``);
+        - the quadrant ``2 [s_out(o) < 0] + [s_in(i) < 0]``: the pair's sign is + in quadrants 0 and 3.
+
+        So the per-pair work is one add of two cached vectors, where signing the factors and reducing the
+        sum ``mod dim`` cost three more passes over the pairs or the tokens (issue 33's profile)."""
+        key = ("fold", name, str(device), copies)
+        if key not in self._hashes:
+            h_out, s_out, h_in, s_in = self.hashes(name, device)
+            span = 2 * self.out_dim  # one copy: the unwrapped sums h_out + h_in
+            i = torch.arange(h_in.shape[0], dtype=torch.int64, device=h_in.device)
+            b = h_in + (i % copies) * span + (s_in < 0).long() * (copies * span)
+            a = h_out + (s_out < 0).long() * (2 * copies * span)
+            self._hashes[key] = (a.to(torch.int32), b.to(torch.int32))
+        return self._hashes[key]
 
     def _cuda_fft(self, name: str, delta: torch.Tensor, kept: torch.Tensor, groups: RowGroups) -> torch.Tensor:
         """The two sides count-sketched by ``BlockSketch`` and transformed, chunk by chunk of (rows, tokens);
