@@ -220,9 +220,10 @@ DEFAULT_SPEC = ProjectionSpec()
 # The one default, per device: where vectors are computed decides which spec is fastest at full fidelity, so
 # the default is looked up here (``default_spec``) by every door that fills in a projection left out (the
 # gradients job, the score request); no other table of defaults exists. CPU: DEFAULT_SPEC, as measured
-# (fidelity_factored_tensorsketch.json, batched_scoring.json). CUDA: the same spec, though k=32768 measured
-# 0.7-11% faster on an H200 (benchmarks/results/gpu/check*.json: every comparison of three runs; 0.198 against
-# 0.211 s a prompt in the last): its vectors are 8x larger (128 GB for a million prompts), and a spec that
+# (fidelity_factored_tensorsketch.json, batched_scoring.json). CUDA: the same spec. k=32768 measured 0.7-11%
+# faster on an H200 before the direct route's folded addresses (check_before_*.json, check_spread_run1.json) and
+# 1-2% slower after (check_fold_mask_delta.json, check.json: 0.180 against 0.177 s a prompt); its vectors are 8x
+# larger (128 GB for a million prompts), and a spec that
 # differs by device would make vectors computed on CPU and on a GPU incomparable; k=4096 meets the fidelity
 # goal in bfloat16 (fidelity_bfloat16.json). A partial spec (a field or two named) is always completed from
 # DEFAULT_SPEC's fields, on every device.

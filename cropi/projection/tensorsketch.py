@@ -237,7 +237,8 @@ class TensorSketchProjector(LayerProjector):
         return out.float()
 
     # -- the batched hook path (cropi.gradients.hooks) -----------------------------------------
-    masks_delta = True  # the hooks keep each layer's input itself (shared by the layers it feeds) and mask delta
+    masks_delta = True  # the hooks keep each layer's input itself (shared by the layers it feeds) and mask at the
+    # backward, the narrower of delta and the input
     engine: str | None = None  # None: "cuda" on a CUDA device, "cpu" elsewhere; set to force one (tests, benchmarks)
     route: str | None = None  # None: the cheaper of "direct" and "fft" per layer; set to force one (the GPU check)
 
