@@ -81,7 +81,8 @@ class Capture:
     def masked(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (rows, tokens, k) zeroed on padding, in ``x``'s dtype; an output layer sees only the last positions.
         A pass without padding returns ``x`` itself: the multiply by ones was one read and write of every layer's
-        delta, ~10% of the default path's device time on an H200 (benchmarks/results/gpu/check.json's profile)."""
+        delta, ~11% of the default path's device time on an H200 (benchmarks/results/gpu/check_before_fold.json's
+        profile)."""
         if not self.padded:
             return x
         mask = self._masks.get(x.dtype)

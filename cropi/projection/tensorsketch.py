@@ -343,7 +343,8 @@ class TensorSketchProjector(LayerProjector):
         - the quadrant ``2 [s_out(o) < 0] + [s_in(i) < 0]``: the pair's sign is + in quadrants 0 and 3.
 
         So the per-pair work is one add of two cached vectors, where signing the factors and reducing the
-        sum ``mod dim`` cost three more passes over the pairs or the tokens (issue 33's profile)."""
+        sum ``mod dim`` cost three more passes over the pairs or the tokens (~11% of the default path's device time
+        in benchmarks/results/gpu/check_before_fold.json's profile)."""
         key = ("fold", name, str(device), copies)
         if key not in self._hashes:
             h_out, s_out, h_in, s_in = self.hashes(name, device)
