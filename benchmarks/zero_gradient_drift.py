@@ -30,15 +30,18 @@ from cropi.store import TrajectoryStore
 METHODS = ("checked", "full", "random", "informative", "cropi", "diverse")
 
 
+def offline_class(rewards) -> str:
+    """all_correct, all_wrong or mixed, from a prompt's offline rewards (a failed reward, None, is not scored;
+    a prompt with none scored is all_wrong: the pipeline's advantages are all 0 there too)."""
+    scored = [r for r in rewards if r is not None]
+    rate = sum(scored) / len(scored) if scored else 0.0
+    return "all_correct" if rate == 1.0 else "all_wrong" if rate == 0.0 else "mixed"
+
+
 def offline_classes(work: Path) -> dict[str, str]:
-    """Pool prompt -> its class at theta_0 from the offline trajectories: all_correct, all_wrong, mixed."""
+    """Pool prompt -> its class at theta_0 from the offline trajectories."""
     (pool,) = [p for p in (work / "runs" / "trajectories").glob("*/pool")]
-    out = {}
-    for t in TrajectoryStore.open(str(pool)).iter_prompts():
-        scored = [r for r in t.rewards if r is not None]
-        rate = sum(scored) / len(scored) if scored else 0.0
-        out[t.prompt_id] = "all_correct" if rate == 1.0 else "all_wrong" if rate == 0.0 else "mixed"
-    return out
+    return {t.prompt_id: offline_class(t.rewards) for t in TrajectoryStore.open(str(pool)).iter_prompts()}
 
 
 def checkpoints(work: Path, seed: int) -> dict[str, Path]:
@@ -68,6 +71,8 @@ def summary(rates: dict[str, float], classes: dict[str, str]) -> dict:
     out = {}
     for c in ("all_correct", "all_wrong", "mixed"):
         vals = np.array([rates[p] for p, k in classes.items() if k == c])
+        if not vals.size:  # no prompt of that class in this pool
+            continue
         out[c] = {"prompts": int(vals.size), "pass_rate": round(float(vals.mean()), 4),
                   "share_now_mixed": round(float(((vals > 0) & (vals < 1)).mean()), 4),
                   "share_now_all_wrong": round(float((vals == 0).mean()), 4)}
