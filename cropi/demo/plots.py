@@ -17,7 +17,8 @@ DIAGNOSTICS_PNG = "diagnostics_by_stage.png"
 COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_rate": "tab:green",
           "informative": "tab:cyan", "oracle": "tab:purple", "positive": "goldenrod", "diverse": "black",
           "ippo": "tab:orange", "iif": "tab:brown", "random_filter": "tab:olive", "cropi+iif": "tab:pink",
-          "cropi_by_answer": "darkred", "cropi_theta": "salmon", "cropi_theta_refresh": "navy"}
+          "cropi_by_answer": "darkred", "cropi_theta": "salmon", "cropi_theta_refresh": "navy",
+          "checked_refresh": "darkorange"}
 _SPARE = ("lime", "teal", "magenta", "sienna", "slateblue", "darkgreen", "crimson", "peru")
 
 

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 from cropi.data import write_jsonl
 from cropi.demo.assets import place_model, task_splits
 from cropi.demo.log import say
-from cropi.demo.settings import DEFAULT_METHOD, ONLINE_METHODS, VARIANTS, DemoSettings, selection_of
+from cropi.demo.settings import ONLINE_METHODS, VARIANTS, DemoSettings, is_checked, selection_of
 from cropi.demo.work import init_worker, ready, run_collect, run_gradients, run_method
 from cropi.pipeline.curriculum import (CollectOptions, CurriculumConfig, CurriculumPaths, collect_jobs,
                                        gradient_jobs, scoring_splits)
@@ -142,8 +142,8 @@ def curriculum_config(settings: DemoSettings, task: Task, method: str, seed: int
 
 
 def _variant(settings: DemoSettings, method: str) -> dict:
-    """The curriculum fields a method sets beyond its selector: only the default method is checked."""
-    check = {"enabled": True, "samples": settings.check_samples} if method == DEFAULT_METHOD else {"enabled": False}
+    """The curriculum fields a method sets beyond its selector: the checked methods' check, with the demo's samples."""
+    check = {"enabled": True, "samples": settings.check_samples} if is_checked(method) else {"enabled": False}
     return VARIANTS.get(method, {}) | {"check": check}
 
 

@@ -26,7 +26,21 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # issue 18's refresh at the setting benchmarks/offpolicy.py measured
                                        "cropi_theta_refresh": {"loss": {"advantage": "theta"},
                                                                "refresh": {"criterion": "status", "above": 0.5,
-                                                                           "budget": 0.2}}}
+                                                                           "budget": 0.2}},
+                                       # the checked curriculum with every stage after the first re-collecting the
+                                       # pool prompts a fresh group would more likely than not find in the other
+                                       # status (all-equal <-> mixed), no budget cap (docs/demo.md, "zero-gradient
+                                       # blind spot"): exploratory, not the default
+                                       "checked_refresh": {"check": {"enabled": True},
+                                                           "refresh": {"criterion": "status", "above": 0.5,
+                                                                       "budget": 1.0}}}
+
+
+def is_checked(method: str) -> bool:
+    """Whether a demo method runs the checked curriculum (its VARIANTS entry enables the check)."""
+    return bool(VARIANTS.get(method, {}).get("check", {}).get("enabled", False))
+
+
 # Online influence filters inside the trainer (docs/online_filtering.md), opt-in with ``methods``
 # (outside the default list and its 15-minute budget): demo method -> (the stage's selection, filter policy).
 ONLINE_METHODS = {"ippo": ("full", "ippo"), "iif": ("full", "iif"), "random_filter": ("full", "random"),
@@ -89,7 +103,7 @@ class DemoSettings(BaseModel):
             raise ValueError(f"unknown methods {unknown}; choose from {known}")
         if "full" not in self.methods:  # every acceleration is against it (a task probe may run full alone)
             raise ValueError("the demo measures against full-pool training: keep 'full' in methods")
-        if self.stages * self.steps_per_stage < 2 and DEFAULT_METHOD in self.methods:
+        if self.stages * self.steps_per_stage < 2 and any(map(is_checked, self.methods)):
             raise ValueError("a checked curriculum needs at least 2 steps in all")
         task = self.load_task()
         too_big = [f"{name} {getattr(self, name)} (at most {most})" for name, most in _largest(task).items()
@@ -143,7 +157,7 @@ class DemoSettings(BaseModel):
                    "eval_every": self.eval_every, "eval_samples": self.eval_samples,
                    # a checked stage measures the validation sets itself (its checks); the others read them at
                    # every stage's start and end for the report's diagnostics
-                   "stage_eval_files": {} if method == DEFAULT_METHOD else dict(validation_files or {})}
+                   "stage_eval_files": {} if is_checked(method) else dict(validation_files or {})}
         if method in ONLINE_METHODS:
             policy = ONLINE_METHODS[method][1]
             online = {"policy": policy, "projection": {"kind": "sjlt", "dim": self.projection_dim,
