@@ -493,3 +493,22 @@ def test_a_task_defined_outside_the_package_runs_the_quick_demo(tmp_path, monkey
     assert set(report["accuracy_by_step"]) == {"cropi", "full"}
     with pytest.raises(CropiError, match="cannot load task"):
         DemoSettings.make(task="no_such_module:TASK")
+
+
+def test_a_variant_that_enables_the_check_runs_checked_like_the_default():
+    """``checked_refresh`` (exploratory) is a checked curriculum: the check on, with the demo's draws, its
+    refresh kept, and no per-stage validation evaluations in the trainer (the check reads them itself); a
+    variant without the check stays unchecked."""
+    from cropi.demo.runner import _variant
+    from cropi.demo.settings import is_checked
+
+    assert is_checked(DEFAULT_METHOD) and is_checked("checked_refresh")
+    assert not any(map(is_checked, ("cropi", "full", "cropi_theta_refresh", "iif")))
+    settings = DemoSettings(methods=("checked_refresh", "full"), check_samples=6)
+    fields = _variant(settings, "checked_refresh")
+    assert fields["check"] == {"enabled": True, "samples": 6}
+    assert fields["refresh"] == {"criterion": "status", "above": 0.5, "budget": 1.0}
+    assert _variant(settings, "cropi_theta_refresh")["check"] == {"enabled": False}
+    val = {"val_a": "a.jsonl"}
+    assert settings.trainer_options({}, "checked_refresh", val)["stage_eval_files"] == {}
+    assert settings.trainer_options({}, "cropi", val)["stage_eval_files"] == val
