@@ -23,8 +23,8 @@ def merge(committed, new, method: str, into: str):
         return committed
     out = {}
     for key, value in committed.items():
-        if key == into and isinstance(new, dict):
-            if method in new:
+        if key == into:
+            if isinstance(new, dict) and method in new:
                 out[key] = new[method]
             continue  # the new report lacks it: dropped, not kept stale
         out[key] = merge(value, new.get(key) if isinstance(new, dict) else None, method, into)
