@@ -496,19 +496,39 @@ def test_a_task_defined_outside_the_package_runs_the_quick_demo(tmp_path, monkey
 
 
 def test_a_variant_that_enables_the_check_runs_checked_like_the_default():
-    """``checked_refresh`` (exploratory) is a checked curriculum: the check on, with the demo's draws, its
-    refresh kept, and no per-stage validation evaluations in the trainer (the check reads them itself); a
-    variant without the check stays unchecked."""
+    """``checked_rev8`` (issue 32's revision 8: no refresh) is a checked curriculum: the check on with the
+    demo's draws and its own fields kept, and no per-stage validation evaluations in the trainer (the check
+    reads them itself); a variant without the check stays unchecked."""
     from cropi.demo.runner import _variant
     from cropi.demo.settings import is_checked
 
-    assert is_checked(DEFAULT_METHOD) and is_checked("checked_refresh")
+    assert is_checked(DEFAULT_METHOD) and is_checked("checked_rev8")
     assert not any(map(is_checked, ("cropi", "full", "cropi_theta_refresh", "iif")))
-    settings = DemoSettings(methods=("checked_refresh", "full"), check_samples=6)
-    fields = _variant(settings, "checked_refresh")
-    assert fields["check"] == {"enabled": True, "samples": 6}
-    assert fields["refresh"] == {"criterion": "status", "above": 0.5, "budget": 1.0}
+    settings = DemoSettings(methods=("checked_rev8", "full"), check_samples=6)
+    assert _variant(settings, "checked_rev8")["check"] == {"enabled": True, "refresh": "never", "samples": 6}
+    assert _variant(settings, DEFAULT_METHOD)["check"] == {"enabled": True, "samples": 6}
     assert _variant(settings, "cropi_theta_refresh")["check"] == {"enabled": False}
     val = {"val_a": "a.jsonl"}
-    assert settings.trainer_options({}, "checked_refresh", val)["stage_eval_files"] == {}
+    assert settings.trainer_options({}, "checked_rev8", val)["stage_eval_files"] == {}
     assert settings.trainer_options({}, "cropi", val)["stage_eval_files"] == val
+
+
+def test_the_checked_curriculum_refreshes_by_status_unless_told_otherwise():
+    """Issue 32's revision 9: a checked curriculum with a ranking selector refreshes by status at the decision
+    point with no cap; an explicit refresh wins; no refresh where the check is off or says never, where the
+    selector ranks nothing, or where every stage re-collects the whole pool anyway."""
+    from cropi.pipeline.curriculum.config import CHECK_REFRESH, CurriculumConfig
+    from cropi.pipeline.requests import RefreshOptions
+
+    base = dict(name="c", model="m", pool="p.jsonl", validation={"v": "v.jsonl"}, stages=2, selector="cropi")
+    assert CurriculumConfig(**base).stage_refresh == CHECK_REFRESH
+    assert (CHECK_REFRESH.criterion, CHECK_REFRESH.above, CHECK_REFRESH.budget) == ("status", 0.5, 1.0)
+    own = RefreshOptions(criterion="ess", below=0.3, budget=0.1)
+    assert CurriculumConfig(**base, refresh=own).stage_refresh == own
+    assert CurriculumConfig(**base, check={"enabled": False}).stage_refresh is None
+    assert CurriculumConfig(**base, check={"refresh": "never"}).stage_refresh is None
+    assert CurriculumConfig(**base | {"selector": "full"}).stage_refresh is None
+    assert CurriculumConfig(**base, recollect_each_stage=True).stage_refresh is None
+    # revision 8's curricula keep their resume key: refresh at its default is left out of it
+    key = CurriculumConfig(**base).resume_key()
+    assert CurriculumConfig(**base, check={"refresh": "never"}).resume_key() != key

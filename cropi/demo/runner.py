@@ -143,8 +143,9 @@ def curriculum_config(settings: DemoSettings, task: Task, method: str, seed: int
 
 def _variant(settings: DemoSettings, method: str) -> dict:
     """The curriculum fields a method sets beyond its selector: the checked methods' check, with the demo's samples."""
-    check = {"enabled": True, "samples": settings.check_samples} if is_checked(method) else {"enabled": False}
-    return VARIANTS.get(method, {}) | {"check": check}
+    variant = VARIANTS.get(method, {})
+    check = variant["check"] | {"samples": settings.check_samples} if is_checked(method) else {"enabled": False}
+    return variant | {"check": check}
 
 
 def run_label(method: str) -> str:

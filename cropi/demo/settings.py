@@ -27,13 +27,9 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "cropi_theta_refresh": {"loss": {"advantage": "theta"},
                                                                "refresh": {"criterion": "status", "above": 0.5,
                                                                            "budget": 0.2}},
-                                       # the checked curriculum with every stage after the first re-collecting the
-                                       # pool prompts a fresh group would more likely than not find in the other
-                                       # status (all-equal <-> mixed), no budget cap (docs/demo.md, "zero-gradient
-                                       # blind spot"): exploratory, not the default
-                                       "checked_refresh": {"check": {"enabled": True},
-                                                           "refresh": {"criterion": "status", "above": 0.5,
-                                                                       "budget": 1.0}}}
+                                       # the checked curriculum as issue 32's revision 8 left it: theta_0's groups
+                                       # ranked at every stage, none refreshed (check.refresh, docs/demo.md round 9)
+                                       "checked_rev8": {"check": {"enabled": True, "refresh": "never"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -95,7 +95,9 @@ def _refresh(request: ScoreRequest, root: str | Path, name: str, options: Refres
     """Re-collect the prompts ``options`` picks at the model and compute their gradients; returns the
     split holding them (None when none was picked) and the refreshed prompt ids. The pool's trajectory
     store lets the refresh weigh the all-equal groups scoring did not run (cropi.pipeline.refresh)."""
-    key = short_hash(options.model_dump(mode="json"))[:8]
+    # the model's path too: a checked curriculum scores one checkpoint (its name is its content's fingerprint)
+    # from two paths, a stage restored to an earlier best; each path's refresh samples and stores its own
+    key = short_hash({"options": options.model_dump(mode="json"), "model": str(Path(request.model).resolve())})[:8]
     out = Path(root).resolve() / "refresh" / f"{name}-{key}"
     opts = request.collect
     job = RefreshJob(**options.model_dump(), model=request.model, prompts=request.pool, gradients=store_path(root),

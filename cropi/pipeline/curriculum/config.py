@@ -16,6 +16,11 @@ from cropi.pipeline.requests import RefreshOptions, ScoreRequest, ScoringSetting
 from cropi.selection import RANKING_SELECTORS, SELECTORS, get_selector
 from cropi.utils.hashing import short_hash
 
+# The checked curriculum's refresh (check.refresh "status", issue 32's revision 9): the status criterion at its
+# decision point (a fresh group more likely than not in the other status) and no cap, which would keep the
+# blind spot for the prompts over it
+CHECK_REFRESH = RefreshOptions(criterion="status", above=0.5, budget=1.0)
+
 METHODS = SELECTORS  # a curriculum's method is a selector of the registry
 MAX_STAGES = 1000
 
@@ -48,6 +53,16 @@ class CurriculumConfig(ScoringSettings):
     refresh: Optional[RefreshOptions] = Field(
         None, description="CROPI, at every stage after the first: re-collect the pool prompts this picks at "
                           "theta_m and rank them from their fresh gradients (cropi.pipeline.refresh)")
+
+    @property
+    def stage_refresh(self) -> Optional[RefreshOptions]:
+        """The refresh a stage's scoring runs: the curriculum's own, else the check's (``check.refresh``) where
+        a ranking selector reuses theta_0's trajectories."""
+        if self.refresh is not None:
+            return self.refresh
+        if self.check.enabled and self.check.refresh == "status" and self.ranks and not self.recollect_each_stage:
+            return CHECK_REFRESH
+        return None
 
     @field_validator("name")
     @classmethod
@@ -125,7 +140,7 @@ class CurriculumConfig(ScoringSettings):
         doc["loss"] = self.loss.recorded()  # CROPI's estimator as before the choice existed
         doc["projection"] = self.projection.recorded()  # no factor fields unless the kind is factored
         # added later: curricula started before keep their key
-        later = ("confirm_on", "at_whole_pool", "best_of", "test", "rerace")
+        later = ("confirm_on", "at_whole_pool", "best_of", "test", "rerace", "refresh")
         for name in later:
             if doc["check"][name] == getattr(CheckOptions(), name):
                 doc["check"].pop(name)

@@ -67,7 +67,7 @@ def score(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, 
         picked = select(config.selector, _inputs(config, m, pass_rates=rates), config.selector_options)
         return StageScore({"model": model, "behavior": behavior, "ranking": str(out), "trajectories": trajectories,
                            **picked.record()}, picked.chosen)
-    result = score_checkpoint(request, root=paths.root, progress=progress, refresh=config.refresh)
+    result = score_checkpoint(request, root=paths.root, progress=progress, refresh=config.stage_refresh)
     record = {"model": model, "behavior": behavior, "ranking": result.ranking, "checkpoint": result.name,
               "spec_id": result.spec_id, "trajectories": result.trajectories, "selector": config.selector,
               "selector_options": config.selector_options}
