@@ -51,17 +51,24 @@ def answers(checkpoint: Path, sets: dict, samples: int, temperature: float, max_
     return out
 
 
+def stage_ends(work: Path, seed: int, methods, stages) -> dict[str, Path]:
+    """``"<method> stage-<m> end"`` -> the checkpoint each method's curriculum (seed ``seed``) trained to by the end
+    of stage m, from its state.json (benchmarks/zero_gradient_drift.py reads the same)."""
+    found = {}
+    for method in methods:
+        state = json.loads((work / "runs" / "curricula" / f"{method}-seed{seed}" / "state.json").read_text())
+        for m in stages:
+            found[f"{method} stage-{m} end"] = Path(state["stages"][m]["trained"]["checkpoint"])
+    return found
+
+
 def checkpoints(work: Path, seed: int) -> dict[str, Path]:
     runs = work / "runs" / "curricula"
     found = {"theta0": work / "models" / "theta0"}
     checked = runs / f"checked-seed{seed}" / "stage-0"
     for part in sorted(checked.glob("*/train/checkpoint")):
         found[f"checked stage-0 {part.parent.parent.name}"] = part
-    for method in ("full", "cropi", "random", "checked"):
-        for m in (0, 1, 4):
-            state = json.loads((runs / f"{method}-seed{seed}" / "state.json").read_text())
-            found[f"{method} stage-{m} end"] = Path(state["stages"][m]["trained"]["checkpoint"])
-    return found
+    return found | stage_ends(work, seed, ("full", "cropi", "random", "checked"), (0, 1, 4))
 
 
 def main() -> None:

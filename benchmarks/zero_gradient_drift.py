@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,9 @@ from cropi.generation.hf import HFBackend
 from cropi.generation.prompting import render_prompt
 from cropi.rewards import get_reward, score_responses
 from cropi.store import TrajectoryStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from answer_collapse import stage_ends  # noqa: E402  (the same state.json reading)
 
 METHODS = ("checked", "full", "random", "informative", "cropi", "diverse")
 
@@ -45,15 +49,9 @@ def offline_classes(work: Path) -> dict[str, str]:
 
 
 def checkpoints(work: Path, seed: int) -> dict[str, Path]:
-    found = {"theta0": work / "models" / "theta0"}
-    for method in METHODS:
-        state_file = work / "runs" / "curricula" / f"{method}-seed{seed}" / "state.json"
-        if not state_file.exists():
-            continue
-        state = json.loads(state_file.read_text())
-        for m in (0, 1):
-            found[f"{method} stage-{m} end"] = Path(state["stages"][m]["trained"]["checkpoint"])
-    return found
+    """theta_0 and the stage-0 and stage-1 ends of every method of METHODS the folder ran."""
+    ran = [m for m in METHODS if (work / "runs" / "curricula" / f"{m}-seed{seed}" / "state.json").exists()]
+    return {"theta0": work / "models" / "theta0"} | stage_ends(work, seed, ran, (0, 1))
 
 
 def pass_rates(checkpoint: Path, records, reward_fn, cfg: SamplingConfig) -> dict[str, float]:

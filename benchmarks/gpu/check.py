@@ -270,16 +270,16 @@ class Check:
             record["memory_gib"] = gib(torch.cuda.get_device_properties(0).total_memory)
         return record
 
-    def peak(self, fn) -> dict:
-        """GPU memory ``fn`` peaks at: in all and above what was allocated before it (None on CPU), or "out of
-        memory"; the allocator's cache emptied before and after."""
+    def peak(self, fn, *args) -> dict:
+        """GPU memory ``fn(*args)`` peaks at: in all and above what was allocated before it (None on CPU), or
+        "out of memory"; the allocator's cache emptied before and after."""
         cuda = self.device.type == "cuda"
         free(self.device)
         if cuda:
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
         try:
-            fn()
+            fn(*args)
             sync(self.device)
             record = {"peak_gib": gib(torch.cuda.max_memory_allocated()) if cuda else None,
                       "above_start_gib": gib(torch.cuda.max_memory_allocated() - base) if cuda else None}
@@ -300,13 +300,13 @@ class Check:
         for label, spec in (("default", self.default), ("k32768", ProjectionSpec(kind="tensorsketch", dim=BIG_DIM))):
             run = sides.batched(spec, budget=MEMORY_BUDGET)
             run(prompts[:1])  # plans and hashes built outside the measured peak
-            record[label] = self.peak(lambda: run(prompts))
+            record[label] = self.peak(run, prompts)
         # the reference: plain forward+backward over one micro-batch of as many rows (a prompt with that many
         # responses), every weight gradient formed: what the model's own activations take at this size
         rows = MEMORY_BUDGET // per_row
         wide = trajectories(1, shape["vocab_size"], rows, self.args.response_tokens, self.args.prompt_tokens, seed=8)
         set_grad(model, True)
-        record["plain"] = {"rows": rows} | self.peak(lambda: plain_fwd_bwd(model, wide[0], MEMORY_BUDGET, sides.pad_id))
+        record["plain"] = {"rows": rows} | self.peak(plain_fwd_bwd, model, wide[0], MEMORY_BUDGET, sides.pad_id)
         set_grad(model, False)
         del model, sides
         peak = record["default"].get("peak_gib")
