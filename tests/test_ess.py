@@ -97,6 +97,53 @@ def test_computer_ess_near_one_when_one_response_dominates():
     assert res.ess == pytest.approx(1.0, abs=1e-9) and res.ess_fraction == pytest.approx(0.25, abs=1e-9)
 
 
+
+def test_weight_diagnostics_match_hand_weights_in_every_layout(monkeypatch):
+    """The refresh weighs the all-equal groups scoring skipped (``weight_diagnostics``) in the gradients' own
+    layout: many prompts a pass, packed rows and plain rows, a response drawn twice packed once, chunks of
+    prompts. Behavior log-probs lowered by (0, ln 2, ln 3) in total make w = (1, 2, 3) in every group, whatever
+    its layout: ESS/K = (36/14)/3, mean weight 2, p_theta the weighted pass rate. A prompt over the context
+    gets none. A token read at the wrong position, a dropped or doubled response, or one group's weights
+    written to another's would move them."""
+    from types import SimpleNamespace
+
+    from cropi.gradients import LossOptions, batched
+    from cropi.gradients.packing import ModelShape
+    from support.gradients import VOCAB
+
+    model, rng = tiny_model(), np.random.default_rng(4)
+    shifts = [0.0, -math.log(2), -math.log(3)]
+
+    def shifted(pid, prompt, responses, rewards):
+        behavior = [[b + s / len(r) for b in teacher_forced(model, prompt, r)] for r, s in zip(responses, shifts)]
+        return Traj(pid, prompt, responses, behavior, rewards)
+
+    short = [shifted(f"short{i}", *(lambda g: (g.prompt_token_ids, g.responses))(group(model, rng, [0, 0, 0])), r)
+             for i, r in enumerate([[1, 1, 1], [0, 0, 0], [1, 0, 0]])]
+    long_responses = [rng.integers(1, VOCAB, 25).tolist() for _ in range(3)]
+    long = shifted("long", rng.integers(1, VOCAB, 2).tolist(), long_responses, [0, 1, 0])
+    twice = rng.integers(1, VOCAB, 3).tolist()
+    repeated = shifted("repeated", rng.integers(1, VOCAB, 6).tolist(), [twice, twice, [5, 6]], [1, 1, 1])
+    over = Traj("over", rng.integers(1, VOCAB, 61).tolist(), [[1, 2]] * 3, [[-1.0, -1.0]] * 3, [1, 1, 1])
+    trajs = short + [long, repeated, over]
+    options = LossOptions(max_length=60)
+
+    fitted = [SimpleNamespace(prompt=t.prompt_token_ids, responses=t.responses) for t in trajs[:5]]
+    kinds = {packed for packed, _ in batched.plan_passes(fitted, range(5), ModelShape.of(model), options.token_budget)}
+    assert kinds == {True, False}  # both layouts are exercised
+    monkeypatch.setattr(batched, "PROMPTS_PER_CALL", 1)  # chunks of 4 prompts: the loop crosses one
+    out = batched.weight_diagnostics(model, iter(trajs), options)
+
+    assert set(out) == {t.prompt_id for t in trajs}
+    assert all(v is None for v in out["over"].values())
+    for t in trajs[:5]:
+        d = out[t.prompt_id]
+        p = sum(w * r for w, r in zip([1, 2, 3], t.rewards)) / 6
+        assert d["ess_fraction"] == pytest.approx(36 / 14 / 3, rel=1e-4), t.prompt_id
+        assert d["log_mean_weight"] == pytest.approx(math.log(2), abs=1e-4), t.prompt_id
+        assert d["p_theta"] == pytest.approx(p, abs=1e-4), t.prompt_id
+
+
 # ---------------------------------------------------------------- in the store
 
 def test_a_zero_advantage_row_stores_p_theta_and_std_theta_and_null_ess(tmp_path):

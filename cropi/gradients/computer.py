@@ -132,32 +132,6 @@ def make_computer(model: torch.nn.Module, projector, options: LossOptions | None
     return GradientComputer(model, projector, options)
 
 
-def weight_diagnostics(model: torch.nn.Module, trajs, options: LossOptions | None = None) -> dict[str, dict]:
-    """Prompt id -> the off-policy diagnostics (``diagnostics``: ESS, ESS/K, p_theta, std_theta, log
-    mean weight) of its group at ``model``, from a no-grad forward over the group as the computers
-    fit and batch it: what they would have stored had they run the model on a group whose rewards
-    are all equal (they do not). For a refresh whose criterion needs those weights. A prompt that
-    does not fit the context gets none (the computers store none for it)."""
-    options = options or LossOptions()
-    device, pad_id, limit = next(model.parameters()).device, pad_id_of(model), context_limit(model, options)
-    out = {}
-    with torch.no_grad():
-        for traj in trajs:
-            prompt, responses, behavior, truncated = fit_to_context(traj, limit)
-            rewards, _ = rewards_and_base(traj, prompt, responses)
-            if truncated == "prompt":
-                out[traj.prompt_id] = dict.fromkeys(unweighted_diagnostics(rewards))
-                continue
-            log_w = torch.zeros(len(responses), dtype=torch.float64)
-            for indices in plan_micro_batches([len(prompt) + len(r) for r in responses], options.token_budget):
-                mb = build_micro_batch(prompt, responses, behavior, indices, pad_id)
-                logp = token_logprobs(model, mb, device)
-                log_w[indices] = sequence_log_weights(logp, mb.behavior_logp.to(device),
-                                                      mb.response_mask.to(device)).cpu()
-            out[traj.prompt_id] = diagnostics(log_w, rewards)
-    return out
-
-
 def _grad_of(p: torch.nn.Parameter) -> torch.Tensor:
     return p.grad if p.grad is not None else torch.zeros_like(p)
 

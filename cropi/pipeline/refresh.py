@@ -244,7 +244,7 @@ def _weigh(job: RefreshJob, split, prompt_ids: list[str]) -> dict[str, dict]:
     import torch
 
     from cropi.gradients import LossOptions
-    from cropi.gradients.computer import weight_diagnostics
+    from cropi.gradients.batched import weight_diagnostics
     from cropi.models.loading import load_causal_lm
     from cropi.pipeline.compute_gradients import _identity_hash
     from cropi.store import TrajectoryStore
