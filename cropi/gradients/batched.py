@@ -217,8 +217,9 @@ def weight_diagnostics(model: torch.nn.Module, trajs, options: LossOptions | Non
     none for it).
 
     Its first version ran one prompt's group a pass: 10.0 s of a 24.4 s stage scoring on the lists demo
-    (547 prompts refreshed, 719 all-equal groups weighed), against 6.7 s for the gradients of 1,200 groups'
-    batched passes with their backward (cProfile of ``score_checkpoint``; docs/demo.md, cost)."""
+    (719 all-equal groups weighed), against 6.7 s for the stage's batched gradient passes with their backward
+    (the pool's 481 mixed groups and both validation sets); now 2.5 s (cProfile of ``score_checkpoint``;
+    docs/demo.md, "the refresh's cost")."""
     options = options or LossOptions()
     device, pad_id, limit = next(model.parameters()).device, pad_id_of(model), context_limit(model, options)
     shape, out = ModelShape.of(model), {}
