@@ -18,22 +18,18 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import math
 import os
 import shutil
-import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, write_json  # noqa: E402
+from sides import REPO, alternate, run_side  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BASELINE = "0531a70"  # main before the packed batch was filled in numpy
 # float32 vectors of a few thousand coordinates summed in another order: relative differences of a few
 # 1e-7 per coordinate, a few 1e-6 in a cosine; a dropped or doubled response moves a score by 1e-2 or more
@@ -82,21 +78,9 @@ def child(work: Path, curriculum: str, root: Path) -> dict:
             "cropi_from": str(Path(cropi.__file__).resolve().parent.relative_to(side_root))}
 
 
-def extract(rev: str, into: Path) -> Path:
-    """``cropi/`` at ``rev`` under ``into`` (importable from there)."""
-    data = subprocess.run(["git", "-C", str(REPO), "archive", rev, "cropi"], check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(into, filter="data")
-    return into
-
-
 def side(code: Path, work: Path, curriculum: str, scratch: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(code))
-    proc = subprocess.run([sys.executable, __file__, "--child", "--work", str(work), "--curriculum", curriculum,
-                           "--scratch", str(scratch)], env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode:
-        raise RuntimeError(proc.stderr[-3000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_side(code, __file__, ["--child", "--work", str(work), "--curriculum", curriculum, "--scratch",
+                                     str(scratch)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,16 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.child:
         print(json.dumps(child(a.work.resolve(), a.curriculum, a.scratch)))
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        sides = {"baseline": extract(a.baseline, tmp / "baseline"), "working_tree": REPO}
-        runs: dict[str, list[dict]] = {name: [] for name in sides}
-        names = list(sides)
-        for r in range(a.rounds):
-            for name in names[r % 2:] + names[:r % 2]:
-                runs[name].append(side(sides[name], a.work.resolve(), a.curriculum, tmp / "scratch"))
-                print(f"round {r} {name}: " + ", ".join(f"stage {m} {v['seconds']:.2f}s" for m, v in
-                                                         runs[name][-1]["stages"].items()), flush=True)
+    runs = alternate(a.baseline, a.rounds, lambda code, scratch: side(code, a.work.resolve(), a.curriculum, scratch),
+                     lambda run: ", ".join(f"stage {m} {v['seconds']:.2f}s" for m, v in run["stages"].items()))
     stages = list(runs["baseline"][0]["stages"])
     total = {name: [sum(v["seconds"] for v in run["stages"].values()) for run in rs] for name, rs in runs.items()}
     same = all(run["stages"][m]["score_sha256"] == runs["baseline"][0]["stages"][m]["score_sha256"]

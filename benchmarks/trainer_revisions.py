@@ -16,15 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, write_json  # noqa: E402
-from stage_scoring import REPO, extract  # noqa: E402
+from sides import REPO, alternate, run_side  # noqa: E402
 
 DEFAULT_BASELINE = "10bfc7c"  # main at the end of issue 25, whose demo quoted a GRPO step at 0.12 s
 
@@ -54,16 +52,6 @@ def child(options: dict, reward: str, steps: int, scratch: Path) -> dict:
             "cropi_from": str(Path(cropi.__file__).resolve().parent.relative_to(side_root))}
 
 
-def side(code: Path, options: dict, reward: str, steps: int, scratch: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(code))
-    proc = subprocess.run([sys.executable, __file__, "--child", "--options", json.dumps(options), "--reward", reward, "--steps",
-                           str(steps), "--scratch", str(scratch)], env=env, capture_output=True, text=True,
-                          timeout=1800)
-    if proc.returncode:
-        raise RuntimeError(proc.stderr[-3000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--baseline", default=DEFAULT_BASELINE, help="git revision of the old side")
@@ -83,15 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = DemoSettings().resolved()  # lists, with its response length and reward
     options = {k: v for k, v in settings.trainer_options({}).items()
                if k not in ("eval_files", "eval_every", "eval_samples", "stage_eval_files")}
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        sides = {"baseline": extract(a.baseline, tmp / "baseline"), "working_tree": REPO}
-        runs: dict[str, list[dict]] = {name: [] for name in sides}
-        names = list(sides)
-        for r in range(a.rounds):
-            for name in names[r % 2:] + names[:r % 2]:
-                runs[name].append(side(sides[name], options, settings.reward, a.steps, tmp / f"scratch-{name}-{r}"))
-                print(f"round {r} {name}: {runs[name][-1]['seconds_per_step']:.3f} s a step", flush=True)
+    runs = alternate(a.baseline, a.rounds,
+                     lambda code, scratch: run_side(code, __file__, ["--child", "--options", json.dumps(options),
+                                                                     "--reward", settings.reward, "--steps",
+                                                                     str(a.steps), "--scratch", str(scratch)]),
+                     lambda run: f"{run['seconds_per_step']:.3f} s a step")
     best = {name: min(run["seconds_per_step"] for run in rs) for name, rs in runs.items()}
     same = all(run["metrics"] == runs["baseline"][0]["metrics"] for rs in runs.values() for run in rs)
     payload = {"command": f"python benchmarks/trainer_revisions.py --baseline {a.baseline} --rounds {a.rounds} "
