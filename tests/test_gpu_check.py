@@ -19,7 +19,8 @@ def test_the_gpu_check_dry_run_writes_its_json_with_the_cuda_figures_absent(tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads((tmp_path / "check_dry_run.json").read_text())
     assert r["dry_run"] is True and r["card"] is None
-    for key in ("seconds_per_prompt", "default_over_plain", "k32768_over_plain", "peak_memory_gib_16k"):
+    for key in ("seconds_per_prompt", "default_over_plain", "k32768_over_plain", "peak_memory_gib_16k",
+                "peak_memory_gib_16k_checkpointed", "checkpointed_over_plain"):
         assert r[key] is None, key  # no CUDA figure from a CPU run
     assert r["goal"]["met"] is None and r["dtype"] == "bfloat16" and r["attention"] == "sdpa"
     assert set(r["skipped"]) == {"vllm", "verl"} and all("not run" in why for why in r["skipped"].values())
@@ -28,13 +29,13 @@ def test_the_gpu_check_dry_run_writes_its_json_with_the_cuda_figures_absent(tmp_
         assert "error" not in stage and "skipped" not in stage, (name, stage)
     small = r["stages"]["qwen2.5-1.5b"]
     assert small["measured"] is False
-    assert set(small["seconds_per_prompt"]) == {"plain", "default", "k32768", "sjlt"}
+    assert set(small["seconds_per_prompt"]) == {"plain", "default", "k32768", "sjlt", "default_checkpointed"}
     assert all(isinstance(v, float) and v > 0 for v in small["seconds_per_prompt"].values())
-    assert set(small["routes"]["seconds_per_prompt"]) == {"default_direct", "default_fft", "k32768_direct",
-                                                          "k32768_fft", "plain"}
+    assert set(small["routes"]["seconds_per_prompt"]) == {"default_direct", "default_presketch", "default_fft",
+                                                          "k32768_direct", "k32768_presketch", "k32768_fft", "plain"}
     varied = small["varied_lengths"]  # padded rows: the masked pass, timed beside plain
     assert set(varied["seconds_per_prompt"]) == {"plain", "default"} and varied["default_over_plain"] > 0
-    assert set(r["stages"]["memory_16k"]) >= {"default", "k32768", "plain"}  # plain: the reference at 16k
+    assert set(r["stages"]["memory_16k"]) >= {"default", "k32768", "default_checkpointed", "plain"}  # plain: the reference at 16k
     profile = r["stages"]["profile_default"]
     assert profile["top_kernels"] and set(profile["host_syncs"]) >= {"aten::item", "cudaStreamSynchronize"}
     assert profile["wall_ms"] > 0 and profile["device_busy_share"] is not None  # no kernels on CPU: 0

@@ -9,6 +9,8 @@ coordinate (test_batched_sketch.pair_hash_sketch), never anything the projector 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -36,10 +38,11 @@ def force(monkeypatch, engine: str, route: str | None) -> None:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("route", ["direct", "fft", None])
+@pytest.mark.parametrize("route", ["direct", "presketch", "fft", None])
 def test_cuda_engine_equals_the_pair_hash_sketch_of_brute_force_gradients(route, layout, monkeypatch, brute):
-    """Both routes of the cuda engine, and its own choice between them (None), in both layouts, with the
-    prompts' rows summed inside the pass; float64 throughout, so only float rounding separates them."""
+    """Every route of the cuda engine, and its own choice between them (None), in both layouts, with the
+    prompts' rows summed inside the pass; float64 throughout, so only float rounding separates them. At dim 64
+    the presketch route sketches the MLP's 96-wide sides and the tied 97-row output layer first."""
     use_layout(monkeypatch, layout)
     force(monkeypatch, "cuda", route)
     spec = ProjectionSpec(kind="tensorsketch", dim=64, seed=3)
@@ -51,7 +54,7 @@ def test_cuda_engine_equals_the_pair_hash_sketch_of_brute_force_gradients(route,
                                    **(PACKED_TOL if layout == "packed" else dict(rtol=1e-9, atol=1e-12)))
 
 
-@pytest.mark.parametrize("route", ["direct", "fft"])
+@pytest.mark.parametrize("route", ["direct", "presketch", "fft"])
 def test_cuda_engine_in_small_chunks_equals_it_in_one(route, monkeypatch):
     """The chunking that bounds the cuda engine's memory (output rows of a formed gradient; rows and tokens
     sketched at once) changes nothing but rounding: every chunk as small as one row or one token."""
@@ -64,17 +67,36 @@ def test_cuda_engine_in_small_chunks_equals_it_in_one(route, monkeypatch):
     torch.testing.assert_close(chunked, whole, rtol=1e-10, atol=1e-12)
 
 
-def test_cuda_direct_route_spread_over_copies_of_the_buckets_equals_one_copy(monkeypatch):
+@pytest.mark.parametrize("route", ["direct", "presketch"])
+def test_cuda_direct_route_spread_over_copies_of_the_buckets_equals_one_copy(route, monkeypatch):
     """The cuda direct route adds a group's pairs into copies of the buckets (against atomic contention on a
     GPU) and sums them: a pair in the wrong copy's bucket, or copies summed wrongly, changes the vectors.
     The test model's layers are small enough for one copy; here they get as many as the cap allows."""
-    force(monkeypatch, "cuda", "direct")
-    spec = ProjectionSpec(kind="tensorsketch", dim=96, seed=2)
+    force(monkeypatch, "cuda", route)
+    spec = ProjectionSpec(kind="tensorsketch", dim=64 if route == "presketch" else 96, seed=2)
     one = batched_vectors(double_model(), spec, two_prompts())
     monkeypatch.setattr(ts, "ADDS_PER_COPY", 1)
     monkeypatch.setattr(ts, "SCATTER_SPREAD", ts.FOLDED * 96 * 7)  # 7 copies: no layer's input size a multiple of 7
     spread = batched_vectors(double_model(), spec, two_prompts())
     torch.testing.assert_close(spread, one, rtol=1e-10, atol=1e-12)
+
+
+def test_the_cuda_engine_presketches_only_sides_wider_than_dim_and_by_cost():
+    proj = make_projector(ProjectionSpec(kind="tensorsketch", dim=64), shapes_of(double_model()))
+    assert proj.presketched_sides("model.layers.0.mlp.gate_proj.weight") == ("out",)  # 96 x 64
+    assert proj.presketched_sides("model.layers.0.mlp.down_proj.weight") == ("in",)  # 64 x 96
+    assert proj.presketched_sides("model.layers.0.self_attn.q_proj.weight") == ()
+    groups = RowGroups.of([0, 0, 1])
+    costs = ts.RouteCosts(flop=1e-15, pair=1e-11, spectrum=1e-8, side=0.0)  # sketching free: the narrower product
+    old = ts.CUDA_COSTS
+    try:
+        ts.CUDA_COSTS = costs
+        assert proj.cuda_route("model.layers.0.mlp.gate_proj.weight", groups, 8) == "presketch"
+        assert proj.cuda_route("model.layers.0.self_attn.q_proj.weight", groups, 8) == "direct"
+        ts.CUDA_COSTS = dataclasses.replace(costs, side=1.0)  # sketching dear: the pairs formed whole
+        assert proj.cuda_route("model.layers.0.mlp.gate_proj.weight", groups, 8) == "direct"
+    finally:
+        ts.CUDA_COSTS = old
 
 
 @pytest.mark.parametrize("engine", ["cpu", "cuda"])
@@ -263,7 +285,7 @@ def test_hooks_read_nothing_back_per_layer(route, monkeypatch):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("route", ["direct", "fft", None])
+@pytest.mark.parametrize("route", ["direct", "presketch", "fft", None])
 def test_cuda_and_cpu_engines_agree_on_a_float32_model(route, monkeypatch):
     """The CUDA device's engine (each route forced, and its own choice) against the CPU's reference engine."""
     monkeypatch.setattr(TensorSketchProjector, "route", route)

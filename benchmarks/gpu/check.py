@@ -9,12 +9,13 @@ One model copy, its weights' ``requires_grad`` set for each side before it runs.
 as it ends (a stage that fails or runs out of time is recorded as such, the others still run):
 
 - ``memory_16k``: peak GPU memory of the default path at a 16,384-token micro-batch (goal <= 40 GiB),
-  of the tensorsketch at k=32768, and of a plain forward+backward over one micro-batch of as many rows;
+  of the tensorsketch at k=32768, of the default with its decoder layers checkpointed
+  (``ModelOptions.checkpoint_layers``), and of a plain forward+backward over one micro-batch of as many rows;
 - ``qwen2.5-1.5b``: seconds a prompt of ``plain`` (forward+backward, every weight gradient formed),
   ``default`` (the batched computer at the spec ``default_spec('cuda')`` resolves to), ``k32768`` (the
-  same at dim 32768) and ``sjlt`` (the per-prompt computer, dim 32768, kept fraction 0.1), interleaved
+  same at dim 32768), ``default_checkpointed`` (the default with checkpoint_layers) and ``sjlt`` (the per-prompt computer, dim 32768, kept fraction 0.1), interleaved
   chunk by chunk with the order rotating, after one untimed round; ``routes``: the default and k=32768
-  with each of the cuda engine's two routes forced (cropi.projection.tensorsketch.CUDA_COSTS, measured
+  with each of the cuda engine's three routes forced (direct, presketch, fft) (cropi.projection.tensorsketch.CUDA_COSTS, measured
   from these, chooses between them); goal: ``default_over_plain`` and ``k32768_over_plain`` <= 0.8;
 - ``qwen2.5-7b``: plain, default and k=32768 in bfloat16, as far as the card's memory allows (a side
   that runs out of memory is recorded as such; the batched computer halves its micro-batches itself);
@@ -135,12 +136,14 @@ class Sides:
                 plain_fwd_bwd(self.model, t, self.budget, self.pad_id)
         return run
 
-    def batched(self, spec: ProjectionSpec, route: str | None = None, budget: int | None = None):
+    def batched(self, spec: ProjectionSpec, route: str | None = None, budget: int | None = None,
+                checkpoint: bool = False):
         projector = make_projector(spec, self.shapes, device=self.device)
         projector.route = route
         if self.engine:
             projector.engine = self.engine
         computer = make_computer(self.model, projector, LossOptions(token_budget=budget or self.budget))
+        computer.checkpoint_layers = checkpoint  # ModelOptions.checkpoint_layers
 
         def run(chunk):
             set_grad(self.model, False)
@@ -225,7 +228,7 @@ class Check:
             "k32768_fidelity": measured(ProjectionSpec(kind="tensorsketch", dim=BIG_DIM)),
             "cuda_costs": dataclasses.asdict(tensorsketch.CUDA_COSTS),
             "seconds_per_prompt": None, "default_over_plain": None, "k32768_over_plain": None,
-            "peak_memory_gib_16k": None,
+            "peak_memory_gib_16k": None, "peak_memory_gib_16k_checkpointed": None, "checkpointed_over_plain": None,
             "goal": {"over_plain_at_most": GOAL_OVER_PLAIN, "peak_memory_gib_at_most": GOAL_PEAK_GIB,
                      "met": None},
             "skipped": dict(SKIPPED), "stages": {}, "environment": environment()}
@@ -297,8 +300,10 @@ class Check:
         prompts = self.prompts(n, shape["vocab_size"], seed=7)
         record = {"measured": not self.dry, "token_budget": MEMORY_BUDGET, "prompts": n,
                   "weights_gib": gib(sum(p.numel() * p.element_size() for p in model.parameters()))}
-        for label, spec in (("default", self.default), ("k32768", ProjectionSpec(kind="tensorsketch", dim=BIG_DIM))):
-            run = sides.batched(spec, budget=MEMORY_BUDGET)
+        for label, spec, checkpoint in (("default", self.default, False),
+                                        ("k32768", ProjectionSpec(kind="tensorsketch", dim=BIG_DIM), False),
+                                        ("default_checkpointed", self.default, True)):
+            run = sides.batched(spec, budget=MEMORY_BUDGET, checkpoint=checkpoint)
             run(prompts[:1])  # plans and hashes built outside the measured peak
             record[label] = self.peak(run, prompts)
         # the reference: plain forward+backward over one micro-batch of as many rows (a prompt with that many
@@ -311,6 +316,8 @@ class Check:
         del model, sides
         peak = record["default"].get("peak_gib")
         self.report["peak_memory_gib_16k"] = peak if isinstance(peak, float) else None
+        peak = record["default_checkpointed"].get("peak_gib")
+        self.report["peak_memory_gib_16k_checkpointed"] = peak if isinstance(peak, float) else None
         return record
 
     def small(self, shape: dict) -> dict:
@@ -318,7 +325,8 @@ class Check:
         model = build_model(shape, self.device, self.dtype, self.attention)
         sides = Sides(model, self.device, self.args.token_budget, self.engine)
         big = ProjectionSpec(kind="tensorsketch", dim=BIG_DIM)
-        fns = {"plain": sides.plain(), "default": sides.batched(self.default), "k32768": sides.batched(big)}
+        fns = {"plain": sides.plain(), "default": sides.batched(self.default), "k32768": sides.batched(big),
+               "default_checkpointed": sides.batched(self.default, checkpoint=True)}
         if not self.args.no_sjlt:
             fns["sjlt"] = sides.sjlt()
         chunk = self.args.chunk
@@ -326,7 +334,7 @@ class Check:
         per = timed(fns, prompts, chunk, self.device)
         routes = {f"{label}_{route}": sides.batched(spec, route) for label, spec in (("default", self.default),
                                                                                    ("k32768", big))
-                  for route in ("direct", "fft")}
+                  for route in ("direct", "presketch", "fft")}
         route_prompts = self.prompts(chunk * 2, shape["vocab_size"], seed=1)
         per_route = timed(routes | {"plain": fns["plain"]}, route_prompts, chunk, self.device)
         # responses of varied lengths (the same mean): rows padded, so the hooks mask delta as a user's pass does
@@ -337,10 +345,12 @@ class Check:
             self.report["seconds_per_prompt"] = per
             self.report["default_over_plain"] = ratio(per["default"], per["plain"])
             self.report["k32768_over_plain"] = ratio(per["k32768"], per["plain"])
+            self.report["checkpointed_over_plain"] = ratio(per["default_checkpointed"], per["plain"])
         return {"measured": not self.dry, "model": "Qwen2.5-1.5B shape, random init", "seconds_per_prompt": per,
                 "default_over_plain": ratio(per["default"], per["plain"]),
                 "k32768_over_plain": ratio(per["k32768"], per["plain"]),
                 "sjlt_over_plain": ratio(per.get("sjlt"), per["plain"]),
+                "checkpointed_over_plain": ratio(per["default_checkpointed"], per["plain"]),
                 "routes": {"seconds_per_prompt": per_route,
                            "over_plain": {k: ratio(v, per_route["plain"]) for k, v in per_route.items()}},
                 "varied_lengths": {"seconds_per_prompt": varied,
@@ -415,6 +425,8 @@ class Check:
         over = [r["default_over_plain"], r["k32768_over_plain"]]
         if all(isinstance(v, float) for v in over) and r["peak_memory_gib_16k"] is not None:
             r["goal"]["met"] = bool(max(over) <= GOAL_OVER_PLAIN and r["peak_memory_gib_16k"] <= GOAL_PEAK_GIB)
+        if r["peak_memory_gib_16k_checkpointed"] is not None:  # the memory goal with ModelOptions.checkpoint_layers
+            r["goal"]["peak_met_with_checkpoint_layers"] = r["peak_memory_gib_16k_checkpointed"] <= GOAL_PEAK_GIB
         if isinstance(r["seconds_per_prompt"], dict):  # the faster measured spec at full fidelity, for DEVICE_DEFAULTS
             cands = {"default": (self.default, r["seconds_per_prompt"].get("default")),
                      "k32768": (ProjectionSpec(kind="tensorsketch", dim=BIG_DIM), r["seconds_per_prompt"].get("k32768"))}

@@ -28,7 +28,8 @@ dry=""
 for a in "$@"; do [ "$a" = "--dry-run" ] && dry=1; done
 # The CUDA tests (marker `gpu`; skipped without CUDA), with a JSON summary from pytest's junit report.
 timeout 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider --junitxml "$OUT/pytest_gpu${dry:+_dry_run}.xml" \
-  tests/test_sketch_engines.py tests/test_batched_sketch.py tests/test_factored.py tests/test_projection.py || status=1
+  tests/test_sketch_engines.py tests/test_batched_sketch.py tests/test_factored.py tests/test_projection.py \
+  tests/test_checkpoint_layers.py || status=1
 "$PY" - "$OUT/pytest_gpu${dry:+_dry_run}" <<'PYEOF' || status=1
 import json, sys, xml.etree.ElementTree as ET
 stem = sys.argv[1]

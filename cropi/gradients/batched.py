@@ -89,6 +89,7 @@ class BatchedComputer:
         self.max_length = context_limit(model, self.options)
         self.shape = ModelShape.of(model)
         self.pack = True  # False: every response its own row whatever should_pack says (benchmarks compare layouts)
+        self.checkpoint_layers = False  # True: decoder layers under activation checkpointing (ModelOptions)
 
     def compute(self, traj: Trajectories) -> GradientRecord:
         return self.compute_many([traj])[0]
@@ -157,7 +158,7 @@ class BatchedComputer:
         """One forward and one hooked backward of a batch of live prompts whose responses are ``rows``
         (prompt, response) in the batch's response order; ``cap.rows[j]`` is prompt ``owners[j]``'s sum."""
         beh, mask = batch.behavior_logp.to(self.device), batch.response_mask.to(self.device)
-        with self.hooks.capture(token_mask, groups) as cap:  # a host mask: capture moves it
+        with self.hooks.capture(token_mask, groups, checkpoint=self.checkpoint_layers) as cap:  # a host mask: moved there
             logp = logprobs()
             log_w = sequence_log_weights(logp.detach(), beh, mask)  # read back after the backward is queued
             adv = torch.stack([prompts[i].adv[k] for i, k in rows]).to(self.device)

@@ -25,6 +25,13 @@ Rows share no tokens, so the gradient of the summed loss at a row's token is tha
 row's own loss term: ``cap.rows[b]`` is exactly the factored projection of the gradient of
 row b's term (METHOD.md, "Factored projection").
 
+With ``checkpoint=True`` each decoder layer runs under activation checkpointing
+(``torch.utils.checkpoint``, non-reentrant): its forward keeps nothing but its input, and is run again
+when the backward reaches it. The hooks then keep a layer's input from that second forward only, and a
+``delta`` that arrives before it (a layer whose output's gradient is ready before anything of its region
+is recomputed: the last one of a decoder layer) waits for it (``Capture.pending``). Same products, same
+numbers; the pass holds one decoder layer's activations instead of all of them, for one more forward.
+
 Dtypes: what a layer's forward keeps and the ``delta`` its backward hands over stay in the model's
 dtype (bfloat16 models keep bfloat16 factors: half the memory a pass holds, and the tensor cores'
 inputs); ``cap.rows`` and every sum into it are float32 (float64 for a float64 model), and each
@@ -39,6 +46,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import torch
+import torch.utils.checkpoint
 
 from cropi.errors import InvalidInputError
 from cropi.projection.layers import RowGroups, as_groups
@@ -64,6 +72,11 @@ class Capture:
         self.tokens: torch.Tensor | None = None
         self.embedded: list[str] = []  # covered parameters used as the input embedding
         self.padding_idx: int | None = None  # the input embedding's padding row (its gradient is always 0)
+        # activation checkpointing (FactoredHooks.capture(checkpoint=True)): which forward of a checkpointed layer is
+        # running ("first": the pass's, which keeps nothing; "again": the backward's recompute; None: not inside one)
+        self.checkpointed = False
+        self.phase: str | None = None
+        self.pending: dict[str, torch.Tensor] = {}  # a delta whose layer's input the recompute has not given yet
 
     def add(self, start: int, stop: int, values: torch.Tensor) -> None:
         self.rows[:, start:stop] += values
@@ -73,6 +86,9 @@ class Capture:
         if self.anchor is None:
             raise RuntimeError("no forward pass ran under this capture")
         (g,) = torch.autograd.grad(loss, [self.anchor])
+        if self.pending:
+            raise RuntimeError(f"no recomputed input reached {sorted(self.pending)}: a checkpointed layer ran no forward "
+                               "again in the backward")
         if self.padding_idx is not None:  # nn.Embedding never updates its padding row, wherever the token sits
             g = g * (self.tokens != self.padding_idx)[..., None].to(g.dtype)
         for name in self.embedded:
@@ -115,13 +131,24 @@ class FactoredHooks:
                         f"factored projection covers {name!r}, a weight of {type(module).__name__}: it projects "
                         "nn.Linear weights and the input embedding only; exclude it with the spec's exclude")
 
+    def decoder_layers(self) -> list[torch.nn.Module]:
+        """The model's decoder layers (the ``nn.ModuleList`` of ``config.num_hidden_layers`` modules), what
+        ``capture(checkpoint=True)`` checkpoints one by one."""
+        n = getattr(getattr(self.model, "config", None), "num_hidden_layers", None)
+        for module in self.model.modules():
+            if isinstance(module, torch.nn.ModuleList) and n and len(module) == n:
+                return list(module)
+        raise InvalidInputError(f"checkpoint_layers: {type(self.model).__name__} has no list of its "
+                                f"num_hidden_layers ({n}) decoder layers to checkpoint; run without checkpoint_layers")
+
     @contextmanager
-    def capture(self, token_mask: torch.Tensor, groups=None) -> Iterator[Capture]:
+    def capture(self, token_mask: torch.Tensor, groups=None, checkpoint: bool = False) -> Iterator[Capture]:
         """Hooks on for one forward and one ``Capture.backward``; ``token_mask`` (rows, tokens): 1 on real tokens
         (a host tensor tells the hooks, without a device read, whether the pass has any padding to mask).
         ``groups``: each row's group 0..n-1 (a host list, ``RowGroups``, or a tensor, read back once):
         ``cap.rows[j]`` is then the sum of the rows of group j, which a kind may form more cheaply than the
-        rows themselves (tensorsketch sums a group's gradients before sketching)."""
+        rows themselves (tensorsketch sums a group's gradients before sketching). ``checkpoint``: each decoder
+        layer under activation checkpointing (module docstring): less memory, one more forward."""
         param = next(self.model.parameters())
         dtype = torch.promote_types(param.dtype, torch.float32)
         if groups is not None and not isinstance(groups, RowGroups):
@@ -133,6 +160,9 @@ class FactoredHooks:
         handles = [self.embedding.register_forward_hook(lambda m, i, out: self._anchor(cap, i[0], out))]
         for name, module in self.layers:
             handles.append(module.register_forward_hook(self._forward_hook(cap, name, module)))
+        if checkpoint:
+            cap.checkpointed = True
+            handles += [_Checkpointed(layer, cap) for layer in self.decoder_layers()]
         try:
             yield cap
         finally:
@@ -153,20 +183,36 @@ class FactoredHooks:
             module.out_features > WIDE_OUTPUT * module.in_features)
 
         def forward(module, inputs, output):
+            if cap.phase == "first":  # a checkpointed layer's first forward: its input comes again with the recompute
+                if output.requires_grad:
+                    output.register_hook(backward)
+                return
             if name in cap.inputs:
                 raise RuntimeError(f"{name} ran twice in one forward: the batched projection needs each projected "
                                    "layer called once per pass")
+            if cap.phase == "again":  # the recompute records its ops for autograd: what the hooks do there must not
+                with torch.no_grad():  # be among them (checkpoint refuses a recompute that saves more than the pass)
+                    return keep(inputs[0].detach(), output)
+            return keep(inputs[0], output)
+
+        def keep(x, output):
             # masking what is kept (P_in x_t) zeroes padding's share whatever delta is there; a kind that keeps x_t
             # itself (masks_delta) masks at the backward instead, the narrower of delta_t and x_t (the same
             # products, zero at padding either way), so the layers sharing one input (q, k, v; gate, up) hold one
             # kept tensor, not a masked copy each. Kept
             # in the model's dtype (a float32 / float64 model: as it was; bfloat16: no float32 copy)
-            kept = projector.keep_input(name, inputs[0])
+            kept = projector.keep_input(name, x)
             cap.inputs[name] = kept if masks_delta else cap.masked(kept)
-            if output.requires_grad:
+            if cap.phase == "again":  # the recompute: the hook sits on the first forward's output
+                if name in cap.pending:
+                    backward(cap.pending.pop(name))
+            elif output.requires_grad:
                 output.register_hook(backward)
 
         def backward(delta):
+            if name not in cap.inputs:  # checkpointed: delta came before the recompute reached this layer
+                cap.pending[name] = delta
+                return
             kept = cap.inputs.pop(name)
             if masks_delta:  # the narrower side, a copy freed with this hook: the products at padding are 0 either
                 # way, and masking delta itself moved 2.8x the bytes over a Qwen2.5 decoder layer (gate, up: 5.8x)
@@ -177,3 +223,34 @@ class FactoredHooks:
             cap.add(*projector.layer_block(name, delta, kept, cap.groups))
 
         return forward
+
+
+class _Checkpointed:
+    """One decoder layer run under non-reentrant activation checkpointing while a capture lasts (its instance
+    ``forward`` replaced; ``remove`` puts it back). Marks on the capture which of the layer's two forwards runs."""
+
+    def __init__(self, layer: torch.nn.Module, cap: Capture):
+        self.layer = layer
+        inner = layer.forward
+
+        def forward(*args, **kwargs):
+            calls = 0
+
+            def run(*a, **k):
+                nonlocal calls
+                calls += 1
+                outer, cap.phase = cap.phase, ("first" if calls == 1 else "again")
+                try:
+                    return inner(*a, **k)
+                finally:
+                    cap.phase = outer
+
+            # no early stop: it ends a recompute once the saved tensors are back, before the last layers' forward
+            # hooks (down_proj's input never came); the flag is read when the forward runs, not in the backward
+            with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+                return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+        layer.forward = forward
+
+    def remove(self) -> None:
+        del self.layer.forward

@@ -57,6 +57,9 @@ class ModelOptions(BaseModel):
                                     "bfloat16 on CUDA); projected sums accumulate in float32 either way")
     attention: Attention = Field("auto", description="attention implementation while scoring ('auto': eager on "
                                  "CPU, sdpa on CUDA)")
+    checkpoint_layers: bool = Field(False, description="batched kinds: run each decoder layer under activation "
+                                    "checkpointing (one more forward, one layer's activations held instead of all: "
+                                    "for a micro-batch the device has no memory for); the vectors are the same")
 
     def resolve(self, device: str) -> tuple[str, str]:
         """(dtype, attention) on ``device`` (a resolved torch device string: 'cpu', 'cuda', 'cuda:1')."""
@@ -67,6 +70,7 @@ class ModelOptions(BaseModel):
     def recorded(self, device: str) -> dict:
         """What a gradient store's identity records of them on ``device``: nothing for float32 with eager
         attention (what every store held before the options existed, so such a job resumes them), else the
-        resolved dtype and attention (vectors of a bfloat16 model are never mixed with float32 ones)."""
+        resolved dtype and attention (vectors of a bfloat16 model are never mixed with float32 ones). Not
+        ``checkpoint_layers``: it changes what a pass holds, not what it computes."""
         dtype, attention = self.resolve(device)
         return {} if (dtype, attention) == BASELINE else {"model_dtype": dtype, "attention": attention}

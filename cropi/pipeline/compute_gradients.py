@@ -16,6 +16,7 @@ from typing import Optional
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from cropi.contracts import NAME_PATTERN, VectorDtype
+from cropi.errors import InvalidInputError
 from cropi.gradients import LossOptions, make_computer
 from cropi.gradients.options import ModelOptions
 from cropi.models.loading import load_causal_lm, load_tokenizer
@@ -23,7 +24,7 @@ from cropi.pipeline.checks import check_tokenizer_matches, check_token_ids_fit
 from cropi.pipeline.progress import Progress, report
 from cropi.pipeline.sharding import in_shard, parse_shard, writer_id
 from cropi.projection import ProjectionSpec, make_projector
-from cropi.projection.spec import DEFAULT_SPEC, default_spec
+from cropi.projection.spec import DEFAULT_SPEC, default_spec, is_batched
 from cropi.store import CheckpointRef, GradientStore, TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.hashing import SPACED, short_hash
@@ -79,6 +80,9 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
     check_tokenizer_matches(trajectories.identity, load_tokenizer(job.model), job.model)
     device = resolve_device(job.device)
     job = job.on_device(device)
+    if job.model_options.checkpoint_layers and not is_batched(job.projection):
+        raise InvalidInputError(f"checkpoint_layers applies to the batched kinds (factored, tensorsketch), not kind "
+                                f"{job.projection.kind!r}: leave it off, or project with the default spec")
     dtype, attention = job.model_options.resolve(device)
     model = load_causal_lm(job.model, device=device, dtype=dtype, attn_implementation=attention)
     projector = make_projector(job.projection, {n: tuple(p.shape) for n, p in model.named_parameters()}, device=device)
@@ -87,6 +91,7 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
     mine = sorted(p for p in trajectories.committed_prompt_ids() if in_shard(p, shard))
     todo = [p for p in mine if p not in done]
     computer = make_computer(model, projector, job.loss)  # the factored kind batches many prompts a backward
+    computer.checkpoint_layers = job.model_options.checkpoint_layers
     counts: dict[str, int] = {}
     stage = f"gradients:{job.split}"
     done_n = len(mine) - len(todo)

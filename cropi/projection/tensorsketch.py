@@ -109,8 +109,18 @@ class RouteCosts:
         return sum(2.0 * t * out_f * in_f * self.flop + out_f * in_f * self.pair for t in group_tokens)
 
     def fft(self, out_f: int, in_f: int, dim: int, tokens: int) -> float:
-        side = self.side + 2.0 * SKETCH_BLOCK * self.flop
-        return tokens * (2.0 * dim * self.spectrum + (out_f + in_f) * side)
+        return tokens * (2.0 * dim * self.spectrum + (out_f + in_f) * self.sketched)
+
+    def presketch(self, out_f: int, in_f: int, dim: int, group_tokens: list[int]) -> float:
+        """The direct route after count-sketching each side wider than ``dim`` (``presketched_sides``)."""
+        a, b = min(out_f, dim), min(in_f, dim)
+        wide = (out_f if out_f > dim else 0) + (in_f if in_f > dim else 0)
+        return self.direct(a, b, group_tokens) + sum(group_tokens) * wide * self.sketched
+
+    @property
+    def sketched(self) -> float:
+        """One element of a token's factor count-sketched by ``BlockSketch`` (gathered, one tile's products)."""
+        return self.side + 2.0 * SKETCH_BLOCK * self.flop
 
 
 # The cuda engine's costs, measured on an H200 in bfloat16 (benchmarks/results/gpu/): ``flop`` and ``pair`` from
@@ -240,7 +250,9 @@ class TensorSketchProjector(LayerProjector):
     masks_delta = True  # the hooks keep each layer's input itself (shared by the layers it feeds) and mask at the
     # backward, the narrower of delta and the input
     engine: str | None = None  # None: "cuda" on a CUDA device, "cpu" elsewhere; set to force one (tests, benchmarks)
-    route: str | None = None  # None: the cheaper of "direct" and "fft" per layer; set to force one (the GPU check)
+    route: str | None = None  # None: the cheapest of "direct", "presketch" and "fft" per layer (cuda engine; the cpu
+    # engine: "direct" or "fft"); set to force one (tests, the GPU check). Forced "presketch" is "direct" on a layer
+    # with no side wider than dim
 
     def engine_for(self, device: torch.device) -> str:
         """Which engine computes the hook path for tensors on ``device`` (module docstring)."""
@@ -301,30 +313,51 @@ class TensorSketchProjector(LayerProjector):
             return self.route
         out_f, in_f = self._shapes[name]
         group_tokens = groups.tokens(tokens_per_row)
-        direct = CUDA_COSTS.direct(out_f, in_f, group_tokens)
-        fft = CUDA_COSTS.fft(out_f, in_f, self.out_dim, sum(group_tokens))
-        return "direct" if direct < fft else "fft"
+        costs = {"direct": CUDA_COSTS.direct(out_f, in_f, group_tokens),
+                 "fft": CUDA_COSTS.fft(out_f, in_f, self.out_dim, sum(group_tokens))}
+        if self.presketched_sides(name):
+            costs["presketch"] = CUDA_COSTS.presketch(out_f, in_f, self.out_dim, group_tokens)
+        return min(costs, key=costs.get)
+
+    def presketched_sides(self, name: str) -> tuple[str, ...]:
+        """The sides of layer ``name`` wider than ``dim``: the presketch route count-sketches them first."""
+        out_f, in_f = self._shapes[name]
+        return tuple(side for side, n in (("out", out_f), ("in", in_f)) if n > self.out_dim)
 
     def _cuda_block(self, name: str, delta: torch.Tensor, kept: torch.Tensor, groups: RowGroups | None
                     ) -> torch.Tensor:
         """The cuda engine (module docstring): (groups or rows, dim), float32 or wider."""
         if groups is None:  # every row its own group: host values only
             groups = RowGroups.of(range(delta.shape[0]), delta.device)
-        if self.cuda_route(name, groups, delta.shape[1]) == "direct":
-            return self._cuda_direct(name, delta, kept, groups)
-        return self._cuda_fft(name, delta, kept, groups)
+        route = self.cuda_route(name, groups, delta.shape[1])
+        if route == "fft":
+            return self._cuda_fft(name, delta, kept, groups)
+        return self._cuda_direct(name, delta, kept, groups, self.presketched_sides(name) if route == "presketch" else ())
 
-    def _cuda_direct(self, name: str, delta: torch.Tensor, kept: torch.Tensor, groups: RowGroups) -> torch.Tensor:
+    def _cuda_direct(self, name: str, delta: torch.Tensor, kept: torch.Tensor, groups: RowGroups,
+                     pre: tuple[str, ...] = ()) -> torch.Tensor:
         """Each group's gradient ``sum_t delta_t x_t^T`` as one product over its tokens (chunks of output
         rows), its pairs added unsigned at ``a(o) + b(i)`` (``fold_sides``) and the addresses folded after: no
-        sign multiplied into ``x`` or the formed rows, no remainder taken per pair (one int32 add a pair)."""
-        out_f, in_f = self._shapes[name]
+        sign multiplied into ``x`` or the formed rows, no remainder taken per pair (one int32 add a pair).
+
+        ``pre`` (the presketch route): those sides are count-sketched to ``dim`` first, so the product is
+        ``(C_out delta)^T x`` (dim x in) or ``delta^T (C_in x)`` (out x dim), and its pairs go to ``u + h_in(i)``
+        (or ``h_out(o) + v``) with the other side's sign only. Exact: grouping the pairs of ``G`` by ``h_out(o)``
+        gives the same buckets, signs and sums (``P(G)[b] = sum_{u, i: u + h_in(i) = b mod dim} s_in(i)
+        M[u, i]``, ``M = sum_t (C_out delta_t) x_t^T``). A gate or up projection of Qwen2.5-1.5B forms 4096 x 1536
+        pairs instead of 8960 x 1536, the tied output layer 4096 x 1536 instead of 151936 x 1536. The sketched
+        side is rounded to the factors' dtype (one rounding, of the size the model's own delta carries) so the
+        product stays on tensor cores."""
+        if pre:
+            delta = self._presketch(name, "out", delta) if "out" in pre else delta
+            kept = self._presketch(name, "in", kept) if "in" in pre else kept
+        out_f, in_f = delta.shape[-1], kept.shape[-1]
         acc = torch.promote_types(delta.dtype, torch.float32)
         step = max(1, CUDA_PAIR_CHUNK // in_f)
         copies = scatter_copies(min(out_f, step) * in_f, FOLDED * self.out_dim)  # one index_add_'s pairs
         out = torch.zeros(groups.n, copies * FOLDED * self.out_dim, dtype=acc, device=delta.device)
         sides = [(delta[m].reshape(-1, out_f), kept[m].reshape(-1, in_f)) for m in groups.members]
-        a_side, b_side = self.fold_sides(name, delta.device, copies)
+        a_side, b_side = self.fold_sides(name, delta.device, copies, pre)
         for a in range(0, out_f, step):
             b = min(out_f, a + step)
             index = (a_side[a:b, None] + b_side[None, :]).reshape(-1)
@@ -334,7 +367,18 @@ class TensorSketchProjector(LayerProjector):
         q = out.view(groups.n, 4, copies * 2, self.out_dim).sum(dim=2)
         return (q[:, 0] - q[:, 1]) - (q[:, 2] - q[:, 3])
 
-    def fold_sides(self, name: str, device, copies: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _presketch(self, name: str, side: str, x: torch.Tensor) -> torch.Tensor:
+        """``C x`` of one side (rows, tokens, n) -> (rows, tokens, dim) in ``x``'s dtype, by ``BlockSketch`` in chunks
+        of tokens that bound its gathered copy (``CUDA_FFT_CHUNK`` elements)."""
+        sk = self.block_sketch(name, side, x)
+        flat = x.reshape(-1, x.shape[-1])
+        step = max(1, CUDA_FFT_CHUNK // sk.gathered)
+        out = torch.empty(flat.shape[0], self.out_dim, dtype=x.dtype, device=x.device)
+        for t in range(0, flat.shape[0], step):
+            out[t:t + step] = sk(flat[t:t + step])
+        return out.view(*x.shape[:-1], self.out_dim)
+
+    def fold_sides(self, name: str, device, copies: int, pre: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """The cuda direct route's addresses, int32, cached: pair (o, i) adds unsigned into ``a[o] + b[i]`` of a
         group's ``copies * FOLDED * dim`` accumulators, laid out (sign quadrant, copy, wrap, dim):
 
@@ -342,12 +386,19 @@ class TensorSketchProjector(LayerProjector):
         - input coordinate i goes to copy ``i % copies`` (against atomic contention, ``scatter_copies``);
         - the quadrant ``2 [s_out(o) < 0] + [s_in(i) < 0]``: the pair's sign is + in quadrants 0 and 3.
 
+        A side in ``pre`` is already count-sketched (``_presketch``): its coordinate u is its bucket, its sign +.
+
         So the per-pair work is one add of two cached vectors, where signing the factors and reducing the
         sum ``mod dim`` cost three more passes over the pairs or the tokens (~11% of the default path's device time
         in benchmarks/results/gpu/check_before_fold.json's profile)."""
-        key = ("fold", name, str(device), copies)
+        key = ("fold", name, str(device), copies, tuple(pre))
         if key not in self._hashes:
             h_out, s_out, h_in, s_in = self.hashes(name, device)
+            if pre:
+                ident = torch.arange(self.out_dim, dtype=torch.int64, device=h_out.device)
+                ones = torch.ones(self.out_dim, dtype=s_out.dtype, device=h_out.device)
+                h_out, s_out = (ident, ones) if "out" in pre else (h_out, s_out)
+                h_in, s_in = (ident, ones) if "in" in pre else (h_in, s_in)
             span = 2 * self.out_dim  # one copy: the unwrapped sums h_out + h_in
             i = torch.arange(h_in.shape[0], dtype=torch.int64, device=h_in.device)
             b = h_in + (i % copies) * span + (s_in < 0).long() * (copies * span)
