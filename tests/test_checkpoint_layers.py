@@ -146,3 +146,32 @@ def test_checkpointed_cuda_vectors_equal_the_unchecked_ones(monkeypatch):
                                                                           setattr(self, "checkpoint_layers", True))[0])
     again = batched_vectors(tiny_model(1).cuda(), spec, two_prompts())
     torch.testing.assert_close(again, plain, rtol=1e-5, atol=1e-6 * float(plain.abs().max()))
+
+
+def test_the_gradients_job_takes_the_flag_and_stores_the_same_vectors(tmp_path):
+    """Through the CLI into a store: the same vectors as without the flag (float32 rounding apart), and the
+    same store identity, so a job resumed with it continues the one it started."""
+    from support.golden import VECTOR_RTOL, store_through_cli
+
+    from cropi.projection.spec import DEFAULT_SPEC
+    from cropi.store import GradientStore
+
+    read = {}
+    for label, flags in (("plain", ()), ("checkpointed", ("--checkpoint-layers",))):
+        path = store_through_cli(tmp_path / label, "--dtype", "float32", *flags)
+        split = GradientStore(str(path)).open_split("g", DEFAULT_SPEC.spec_id, "pool")
+        read[label] = (split.read().vectors, split.extra)
+    (plain, extra), (again, extra_again) = read["plain"], read["checkpointed"]
+    assert extra == extra_again and np.abs(plain).max() > 0
+    np.testing.assert_allclose(again, plain, rtol=0, atol=VECTOR_RTOL * float(np.abs(plain).max()))
+
+
+def test_a_per_prompt_kind_with_the_flag_is_refused_before_anything_is_written(tmp_path):
+    from cropi.pipeline.compute_gradients import GradientJob, compute_gradients
+
+    job = GradientJob(model=str(tmp_path / "never-loaded"), trajectories=str(tmp_path / "t"), store=str(tmp_path / "s"),
+                      split="pool", projection={"kind": "sjlt", "dim": 64},
+                      model_options={"checkpoint_layers": True})
+    with pytest.raises(InvalidInputError, match="checkpoint_layers applies to the batched kinds"):
+        compute_gradients(job)
+    assert not (tmp_path / "s").exists()
