@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -52,3 +54,35 @@ def test_the_scatter_benchmark_dry_run_checks_every_candidate_against_float64_su
         assert set(cell["seconds"]) == set(cell["max_error"])  # every candidate ran and was checked
         assert all(isinstance(s, float) for s in cell["seconds"].values()), cell["seconds"]
         assert all(e < 1e-5 for e in cell["max_error"].values()), cell["max_error"]  # float32 sums of ~100 terms
+
+
+def test_the_presketch_refit_recovers_the_side_cost_it_was_built_from():
+    """``refit_side`` puts the forced routes' difference on the sketched elements: timings made from the cost
+    model with a known ``side`` give that ``side`` back, and the layers that take the presketch at it."""
+    import argparse
+    import dataclasses
+
+    sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
+    import check
+    from cropi.projection import ProjectionSpec, make_projector
+    from cropi.projection import tensorsketch as ts
+
+    shapes = {"model.embed_tokens.weight": (151936, 1536), "model.layers.0.self_attn.q_proj.weight": (1536, 1536),
+              "model.layers.0.mlp.gate_proj.weight": (8960, 1536), "model.layers.0.mlp.down_proj.weight": (1536, 8960)}
+    spec = ProjectionSpec(kind="tensorsketch", dim=4096)
+    args = argparse.Namespace(responses=8, prompt_tokens=128, response_tokens=512)
+    group = [8 * 640]
+    proj = make_projector(spec, shapes)
+    wide = [n for n in proj.param_names if proj.presketched_sides(n)]
+    assert len(wide) == 3  # the tied output layer (as the embedding's matrix), gate, down; not q
+    for side in (2e-12, 3e-11):
+        costs = dataclasses.replace(ts.CUDA_COSTS, side=side)
+        direct = sum(costs.direct(*shapes[n], group) for n in wide)
+        pre = sum(costs.presketch(*shapes[n], 4096, group) for n in wide)
+        got = check.refit_side(spec, shapes, args, {"default_direct": 1.0, "default_presketch": 1.0 + pre - direct})
+        assert got["side"] == pytest.approx(side, rel=1e-6)
+        takes = [n for n in wide if costs.presketch(*shapes[n], 4096, group) < min(
+            costs.direct(*shapes[n], group), costs.fft(*shapes[n], 4096, group[0]))]
+        assert got["layers_presketched"] == len(takes)
+    assert got["layers_presketched"] < 3  # a dear sketch leaves some layers direct
+    assert check.refit_side(spec, shapes, args, {"default_direct": 1.0}) is None

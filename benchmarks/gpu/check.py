@@ -198,6 +198,34 @@ def gib(n: int) -> float:
     return n / 2**30
 
 
+def refit_side(spec: ProjectionSpec, shapes: dict, args, per_route: dict) -> dict | None:
+    """``CUDA_COSTS.side`` implied by the presketch route forced against the direct route forced (seconds a
+    prompt), all of their difference put on the sketched elements; and the layers the presketch would take at
+    it (``cuda_route`` with the refit constants). For the next edit of ``CUDA_COSTS``, not applied here."""
+    direct, pre = per_route.get("default_direct"), per_route.get("default_presketch")
+    if not (isinstance(direct, float) and isinstance(pre, float)):
+        return None
+    projector = make_projector(spec, shapes)
+    costs, dim = tensorsketch.CUDA_COSTS, spec.dim
+    group = [args.responses * (args.prompt_tokens + args.response_tokens)]  # one prompt's rows: one group
+    wide = {n: projector.presketched_sides(n) for n in projector.param_names if n in projector._shapes}
+    wide = {n: sides for n, sides in wide.items() if sides}
+    if not wide:
+        return None
+    formed = sum(costs.direct(*projector._shapes[n], group) for n in wide)
+    narrowed = sum(costs.direct(min(projector._shapes[n][0], dim), min(projector._shapes[n][1], dim), group)
+                   for n in wide)
+    elements = sum(group[0] * sum(projector._shapes[n][0 if side == "out" else 1] for side in sides)
+                   for n, sides in wide.items())
+    sketched = (pre - direct + formed - narrowed) / elements
+    side = sketched - 2.0 * tensorsketch.SKETCH_BLOCK * costs.flop
+    refit = dataclasses.replace(costs, side=max(side, 0.0))
+    takes = sorted(n for n in wide if refit.presketch(*projector._shapes[n], dim, group)
+                   < min(refit.direct(*projector._shapes[n], group), refit.fft(*projector._shapes[n], dim, group[0])))
+    return {"side": side, "side_now": costs.side, "sketched_elements_a_prompt": elements,
+            "layers_presketched": len(takes), "layers_with_a_wide_side": len(wide), "examples": takes[:4]}
+
+
 def ratio(a, b):
     return a / b if isinstance(a, float) and isinstance(b, float) and b > 0 else None
 
@@ -324,6 +352,7 @@ class Check:
         """Qwen2.5-1.5B's shape: every side, and the routes forced."""
         model = build_model(shape, self.device, self.dtype, self.attention)
         sides = Sides(model, self.device, self.args.token_budget, self.engine)
+        shapes = sides.shapes
         big = ProjectionSpec(kind="tensorsketch", dim=BIG_DIM)
         fns = {"plain": sides.plain(), "default": sides.batched(self.default), "k32768": sides.batched(big),
                "default_checkpointed": sides.batched(self.default, checkpoint=True)}
@@ -352,7 +381,8 @@ class Check:
                 "sjlt_over_plain": ratio(per.get("sjlt"), per["plain"]),
                 "checkpointed_over_plain": ratio(per["default_checkpointed"], per["plain"]),
                 "routes": {"seconds_per_prompt": per_route,
-                           "over_plain": {k: ratio(v, per_route["plain"]) for k, v in per_route.items()}},
+                           "over_plain": {k: ratio(v, per_route["plain"]) for k, v in per_route.items()},
+                           "presketch_refit": refit_side(self.default, shapes, self.args, per_route)},
                 "varied_lengths": {"seconds_per_prompt": varied,
                                    "default_over_plain": ratio(varied["default"], varied["plain"])},
                 "prompts_timed": chunk * self.args.rounds}
