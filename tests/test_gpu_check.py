@@ -62,8 +62,11 @@ def test_the_presketch_refit_recovers_the_side_cost_it_was_built_from():
     import argparse
     import dataclasses
 
-    sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
-    import check
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu" / "check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
     from cropi.projection import ProjectionSpec, make_projector
     from cropi.projection import tensorsketch as ts
 
