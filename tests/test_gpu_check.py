@@ -56,17 +56,50 @@ def test_the_scatter_benchmark_dry_run_checks_every_candidate_against_float64_su
         assert all(e < 1e-5 for e in cell["max_error"].values()), cell["max_error"]  # float32 sums of ~100 terms
 
 
+def _check_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu" / "check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_side_that_fails_is_recorded_and_the_others_still_timed():
+    """One try on a GPU: a new side that breaks there (an error, not memory) must not take the stage's other
+    figures with it."""
+    import torch
+
+    check = _check_module()
+    calls = []
+
+    def broken(chunk):
+        calls.append(len(chunk))
+        raise RuntimeError("recomputed values differ")
+
+    got = check.timed({"plain": lambda chunk: None, "broken": broken}, [1, 2, 3, 4], 2, torch.device("cpu"))
+    assert isinstance(got["plain"], float) and got["broken"].startswith("error: RuntimeError: recomputed")
+    assert calls == [2]  # not run again after it failed
+    record = check.Check.peak(_bare_check(check), broken, [1])
+    assert record["peak_gib"].startswith("error: RuntimeError")
+
+
+def _bare_check(check):
+    """A Check instance for its methods that need only the device (no report, no model)."""
+    import torch
+
+    c = check.Check.__new__(check.Check)
+    c.device = torch.device("cpu")
+    return c
+
+
 def test_the_presketch_refit_recovers_the_side_cost_it_was_built_from():
     """``refit_side`` puts the forced routes' difference on the sketched elements: timings made from the cost
     model with a known ``side`` give that ``side`` back, and the layers that take the presketch at it."""
     import argparse
     import dataclasses
 
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu" / "check.py")
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    check = _check_module()
     from cropi.projection import ProjectionSpec, make_projector
     from cropi.projection import tensorsketch as ts
 

@@ -164,7 +164,8 @@ class Sides:
 
 def timed(fns: dict, prompts: list, chunk: int, device: torch.device) -> dict:
     """Seconds a prompt of each side: one untimed round (plans, kernels), then rounds of ``chunk`` prompts
-    with the sides' order rotating; a side that runs out of memory is recorded as "out of memory"."""
+    with the sides' order rotating; a side that runs out of memory is recorded as "out of memory", one that
+    fails otherwise as "error: ..." (the other sides' figures are kept: one try on a GPU must not lose them)."""
     seconds = {name: 0.0 for name in fns}
     failed: dict[str, str] = {}
     names = list(fns)
@@ -180,6 +181,8 @@ def timed(fns: dict, prompts: list, chunk: int, device: torch.device) -> dict:
                 sync(device)
             except (torch.OutOfMemoryError, InvalidInputError) as error:  # the latter: one row did not fit
                 failed[name] = f"out of memory ({type(error).__name__}: {str(error)[:200]})"
+            except Exception as error:  # noqa: BLE001 -- recorded, and the side is not run again
+                failed[name] = f"error: {type(error).__name__}: {str(error)[:400]}"
             else:
                 if r > 0:
                     seconds[name] += time.perf_counter() - began
@@ -316,6 +319,8 @@ class Check:
                       "above_start_gib": gib(torch.cuda.max_memory_allocated() - base) if cuda else None}
         except torch.OutOfMemoryError:
             record = {"peak_gib": "out of memory"}
+        except Exception as error:  # noqa: BLE001 -- recorded; the stage's other sides still measured
+            record = {"peak_gib": f"error: {type(error).__name__}: {str(error)[:400]}"}
         free(self.device)
         return record
 
@@ -331,9 +336,15 @@ class Check:
         for label, spec, checkpoint in (("default", self.default, False),
                                         ("k32768", ProjectionSpec(kind="tensorsketch", dim=BIG_DIM), False),
                                         ("default_checkpointed", self.default, True)):
-            run = sides.batched(spec, budget=MEMORY_BUDGET, checkpoint=checkpoint)
-            run(prompts[:1])  # plans and hashes built outside the measured peak
-            record[label] = self.peak(run, prompts)
+            def warmed(spec=spec, checkpoint=checkpoint):
+                run = sides.batched(spec, budget=MEMORY_BUDGET, checkpoint=checkpoint)
+                run(prompts[:1])  # plans and hashes built outside the measured peak
+                return run
+
+            try:
+                record[label] = self.peak(warmed(), prompts)
+            except Exception as error:  # noqa: BLE001 -- the warm-up failed: recorded, the other sides still run
+                record[label] = {"peak_gib": f"error: {type(error).__name__}: {str(error)[:400]}"}
         # the reference: plain forward+backward over one micro-batch of as many rows (a prompt with that many
         # responses), every weight gradient formed: what the model's own activations take at this size
         rows = MEMORY_BUDGET // per_row
