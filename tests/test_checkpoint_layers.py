@@ -175,3 +175,18 @@ def test_a_per_prompt_kind_with_the_flag_is_refused_before_anything_is_written(t
     with pytest.raises(InvalidInputError, match="checkpoint_layers applies to the batched kinds"):
         compute_gradients(job)
     assert not (tmp_path / "s").exists()
+
+
+def test_a_layer_forward_set_on_the_instance_by_someone_else_is_put_back():
+    model = double_model()
+    comp = make_computer(model, make_projector(ProjectionSpec(kind="tensorsketch", dim=64), shapes_of(model)),
+                         LossOptions())
+    layer = comp.hooks.decoder_layers()[0]
+    theirs = layer.forward  # the class's, bound: set on the instance as a wrapping library would
+    layer.forward = theirs
+    with comp.hooks.capture(torch.ones(1, 4), checkpoint=True) as cap:
+        assert layer.__dict__["forward"] is not theirs
+        out = model(input_ids=torch.arange(1, 5)[None], use_cache=False).logits
+        cap.backward(out[0, -1].logsumexp(-1))
+    assert layer.__dict__["forward"] is theirs
+    assert "forward" not in comp.hooks.decoder_layers()[1].__dict__

@@ -231,6 +231,7 @@ class _Checkpointed:
 
     def __init__(self, layer: torch.nn.Module, cap: Capture):
         self.layer = layer
+        self.own = layer.__dict__.get("forward")  # an instance forward set by someone else (put back on remove)
         inner = layer.forward
 
         def forward(*args, **kwargs):
@@ -253,4 +254,7 @@ class _Checkpointed:
         layer.forward = forward
 
     def remove(self) -> None:
-        del self.layer.forward
+        if self.own is None:
+            del self.layer.forward
+        else:
+            self.layer.forward = self.own
