@@ -13,10 +13,12 @@ as it ends (a stage that fails or runs out of time is recorded as such, the othe
   (``ModelOptions.checkpoint_layers``), and of a plain forward+backward over one micro-batch of as many rows;
 - ``qwen2.5-1.5b``: seconds a prompt of ``plain`` (forward+backward, every weight gradient formed),
   ``default`` (the batched computer at the spec ``default_spec('cuda')`` resolves to), ``k32768`` (the
-  same at dim 32768), ``default_checkpointed`` (the default with checkpoint_layers) and ``sjlt`` (the per-prompt computer, dim 32768, kept fraction 0.1), interleaved
-  chunk by chunk with the order rotating, after one untimed round; ``routes``: the default and k=32768
-  with each of the cuda engine's three routes forced (direct, presketch, fft) (cropi.projection.tensorsketch.CUDA_COSTS, measured
-  from these, chooses between them); goal: ``default_over_plain`` and ``k32768_over_plain`` <= 0.8;
+  same at dim 32768), ``default_checkpointed`` (the default with checkpoint_layers) and ``sjlt`` (the
+  per-prompt computer, dim 32768, kept fraction 0.1), interleaved chunk by chunk with the order rotating,
+  after one untimed round; ``routes``: the default and k=32768 with each of the cuda engine's three routes
+  forced (direct, presketch, fft; cropi.projection.tensorsketch.CUDA_COSTS, measured from these, chooses
+  between them), and ``presketch_refit``: the ``side`` cost those timings imply (``refit_side``);
+  goal: ``default_over_plain`` and ``k32768_over_plain`` <= 0.8;
 - ``qwen2.5-7b``: plain, default and k=32768 in bfloat16, as far as the card's memory allows (a side
   that runs out of memory is recorded as such; the batched computer halves its micro-batches itself);
 - ``profile_default``: a torch profile of the default path at the 1.5B shape (two prompts): the kernels
