@@ -32,11 +32,8 @@ def brute():
     return [dict(brute_force_grad(double_model(), t)) for t in two_prompts()]
 
 
-@pytest.fixture
-def checkpointed(monkeypatch):
-    """Every BatchedComputer checkpoints its layers; counts the deltas that waited for their recompute."""
-    waited = []
-    monkeypatch.setattr(BatchedComputer, "checkpoint_layers", True, raising=False)
+def checkpoint_every_computer(monkeypatch) -> None:
+    """Every BatchedComputer made from here on checkpoints its layers (ModelOptions.checkpoint_layers)."""
     init = BatchedComputer.__init__
 
     def patched(self, *a, **k):
@@ -44,6 +41,13 @@ def checkpointed(monkeypatch):
         self.checkpoint_layers = True
 
     monkeypatch.setattr(BatchedComputer, "__init__", patched)
+
+
+@pytest.fixture
+def checkpointed(monkeypatch):
+    """Every BatchedComputer checkpoints its layers; counts the deltas that waited for their recompute."""
+    waited = []
+    checkpoint_every_computer(monkeypatch)
 
     class Pending(dict):
         def __setitem__(self, key, value):
@@ -81,10 +85,7 @@ def test_checkpointed_factored_vectors_equal_the_unchecked_ones(monkeypatch):
     """The factored kind keeps ``P_in x`` (not ``x``) on the forward: the recompute's is the one it uses."""
     spec = ProjectionSpec(kind="factored", factor_in=8, factor_out=8, seed=2)
     plain = batched_vectors(double_model(), spec, two_prompts())
-    monkeypatch.setattr(BatchedComputer, "checkpoint_layers", True, raising=False)
-    init = BatchedComputer.__init__
-    monkeypatch.setattr(BatchedComputer, "__init__", lambda self, *a, **k: (init(self, *a, **k),
-                                                                          setattr(self, "checkpoint_layers", True))[0])
+    checkpoint_every_computer(monkeypatch)
     again = batched_vectors(double_model(), spec, two_prompts())
     assert float(plain.abs().max()) > 0
     np.testing.assert_allclose(again.numpy(), plain.numpy(), rtol=1e-12, atol=1e-14)
@@ -141,9 +142,7 @@ def test_the_option_is_not_part_of_the_store_identity():
 def test_checkpointed_cuda_vectors_equal_the_unchecked_ones(monkeypatch):
     spec = ProjectionSpec(kind="tensorsketch", dim=256)
     plain = batched_vectors(tiny_model(1).cuda(), spec, two_prompts())
-    init = BatchedComputer.__init__
-    monkeypatch.setattr(BatchedComputer, "__init__", lambda self, *a, **k: (init(self, *a, **k),
-                                                                          setattr(self, "checkpoint_layers", True))[0])
+    checkpoint_every_computer(monkeypatch)
     again = batched_vectors(tiny_model(1).cuda(), spec, two_prompts())
     torch.testing.assert_close(again, plain, rtol=1e-5, atol=1e-6 * float(plain.abs().max()))
 
