@@ -6,6 +6,16 @@ import pytest
 
 
 @pytest.fixture(scope="session")
+def brute():
+    """Brute-force float64 gradients of support.sketch's two prompts (once a session: the batched kinds' tests
+    check every engine, route and layout against them)."""
+    from support.gradients import brute_force_grad
+    from support.sketch import double_model, two_prompts
+
+    return [dict(brute_force_grad(double_model(), t)) for t in two_prompts()]
+
+
+@pytest.fixture(scope="session")
 def task_splits():
     """Small arithmetic splits: pool 40, val_a 8, val_b 8."""
     from cropi.tasks.arithmetic import make_task_splits

@@ -25,13 +25,6 @@ from cropi.projection import ProjectionSpec, TensorSketchProjector, make_project
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.fixture(scope="module")
-def brute():
-    from support.gradients import brute_force_grad
-
-    return [dict(brute_force_grad(double_model(), t)) for t in two_prompts()]
-
-
 def checkpoint_every_computer(monkeypatch) -> None:
     """Every BatchedComputer made from here on checkpoints its layers (ModelOptions.checkpoint_layers)."""
     init = BatchedComputer.__init__

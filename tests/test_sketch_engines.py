@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from support.gradients import LAYOUTS, PACKED_TOL, brute_force_grad, tiny_model, use_layout
+from support.gradients import LAYOUTS, PACKED_TOL, tiny_model, use_layout
 from support.sketch import batched_vectors, double_model, pair_hash_sketch, shapes_of, two_prompts
 
 import cropi.projection.tensorsketch as ts
@@ -24,12 +24,6 @@ from cropi.projection.layers import RowGroups, group_sum
 from cropi.projection.tensorsketch import BlockSketch, matmul_acc
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@pytest.fixture(scope="module")
-def brute():
-    """Brute-force float64 gradients of the two prompts (computed once for the module)."""
-    return [dict(brute_force_grad(double_model(), t)) for t in two_prompts()]
 
 
 def force(monkeypatch, engine: str, route: str | None) -> None:

@@ -55,6 +55,7 @@ from cropi.gradients.options import ModelOptions  # noqa: E402
 from cropi.projection import ProjectionSpec, make_projector  # noqa: E402
 from cropi.projection import tensorsketch  # noqa: E402
 from cropi.projection.fidelity import measured  # noqa: E402
+from cropi.projection.layers import RowGroups  # noqa: E402
 from cropi.projection.spec import default_spec  # noqa: E402
 from cropi.store import PromptTrajectories  # noqa: E402
 
@@ -212,21 +213,20 @@ def refit_side(spec: ProjectionSpec, shapes: dict, args, per_route: dict) -> dic
         return None
     projector = make_projector(spec, shapes)
     costs, dim = tensorsketch.CUDA_COSTS, spec.dim
-    group = [args.responses * (args.prompt_tokens + args.response_tokens)]  # one prompt's rows: one group
-    wide = {n: projector.presketched_sides(n) for n in projector.param_names if n in projector._shapes}
+    wide = {n: projector.presketched_sides(n) for n in projector.param_names}
     wide = {n: sides for n, sides in wide.items() if sides}
     if not wide:
         return None
-    formed = sum(costs.direct(*projector._shapes[n], group) for n in wide)
-    narrowed = sum(costs.direct(min(projector._shapes[n][0], dim), min(projector._shapes[n][1], dim), group)
-                   for n in wide)
-    elements = sum(group[0] * sum(projector._shapes[n][0 if side == "out" else 1] for side in sides)
-                   for n, sides in wide.items())
+    row = args.prompt_tokens + args.response_tokens
+    prompt = RowGroups.of([0] * args.responses)  # one prompt's rows: one group
+    group = prompt.tokens(row)
+    formed = sum(costs.direct(*shapes[n], group) for n in wide)
+    narrowed = sum(costs.direct(min(shapes[n][0], dim), min(shapes[n][1], dim), group) for n in wide)
+    elements = sum(group[0] * sum(shapes[n][0 if side == "out" else 1] for side in sides) for n, sides in wide.items())
     sketched = (pre - direct + formed - narrowed) / elements
     side = sketched - 2.0 * tensorsketch.SKETCH_BLOCK * costs.flop
     refit = dataclasses.replace(costs, side=max(side, 0.0))
-    takes = sorted(n for n in wide if refit.presketch(*projector._shapes[n], dim, group)
-                   < min(refit.direct(*projector._shapes[n], group), refit.fft(*projector._shapes[n], dim, group[0])))
+    takes = sorted(n for n in wide if projector.cuda_route(n, prompt, row, refit) == "presketch")
     return {"side": side, "side_now": costs.side, "sketched_elements_a_prompt": elements,
             "layers_presketched": len(takes), "layers_with_a_wide_side": len(wide), "examples": takes[:4]}
 
@@ -338,15 +338,13 @@ class Check:
         for label, spec, checkpoint in (("default", self.default, False),
                                         ("k32768", ProjectionSpec(kind="tensorsketch", dim=BIG_DIM), False),
                                         ("default_checkpointed", self.default, True)):
-            def warmed(spec=spec, checkpoint=checkpoint):
+            try:
                 run = sides.batched(spec, budget=MEMORY_BUDGET, checkpoint=checkpoint)
                 run(prompts[:1])  # plans and hashes built outside the measured peak
-                return run
-
-            try:
-                record[label] = self.peak(warmed(), prompts)
             except Exception as error:  # noqa: BLE001 -- the warm-up failed: recorded, the other sides still run
                 record[label] = {"peak_gib": f"error: {type(error).__name__}: {str(error)[:400]}"}
+            else:
+                record[label] = self.peak(run, prompts)
         # the reference: plain forward+backward over one micro-batch of as many rows (a prompt with that many
         # responses), every weight gradient formed: what the model's own activations take at this size
         rows = MEMORY_BUDGET // per_row

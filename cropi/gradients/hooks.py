@@ -74,7 +74,6 @@ class Capture:
         self.padding_idx: int | None = None  # the input embedding's padding row (its gradient is always 0)
         # activation checkpointing (FactoredHooks.capture(checkpoint=True)): which forward of a checkpointed layer is
         # running ("first": the pass's, which keeps nothing; "again": the backward's recompute; None: not inside one)
-        self.checkpointed = False
         self.phase: str | None = None
         self.pending: dict[str, torch.Tensor] = {}  # a delta whose layer's input the recompute has not given yet
 
@@ -161,7 +160,6 @@ class FactoredHooks:
         for name, module in self.layers:
             handles.append(module.register_forward_hook(self._forward_hook(cap, name, module)))
         if checkpoint:
-            cap.checkpointed = True
             handles += [_Checkpointed(layer, cap) for layer in self.decoder_layers()]
         try:
             yield cap

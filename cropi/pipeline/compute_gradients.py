@@ -77,12 +77,12 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
     progress = report(progress)
     shard = parse_shard(job.shard)
     device = resolve_device(job.device)
-    if job.model_options.checkpoint_layers and not is_batched(job.on_device(device).projection):
+    job = job.on_device(device)
+    if job.model_options.checkpoint_layers and not is_batched(job.projection):
         raise InvalidInputError(f"checkpoint_layers applies to the batched kinds (factored, tensorsketch), not kind "
                                 f"{job.projection.kind!r}: leave it off, or project with the default spec")
     trajectories = TrajectoryStore.open(job.trajectories)
     check_tokenizer_matches(trajectories.identity, load_tokenizer(job.model), job.model)
-    job = job.on_device(device)
     dtype, attention = job.model_options.resolve(device)
     model = load_causal_lm(job.model, device=device, dtype=dtype, attn_implementation=attention)
     projector = make_projector(job.projection, {n: tuple(p.shape) for n, p in model.named_parameters()}, device=device)

@@ -305,19 +305,20 @@ class TensorSketchProjector(LayerProjector):
         fft = tokens * 10.0 * self.out_dim * max(1.0, math.log2(self.out_dim))
         return pairs <= DIRECT_MAX and pairs * (2.0 * tokens + 8.0) < fft
 
-    def cuda_route(self, name: str, groups: RowGroups, tokens_per_row: int) -> str:
-        """The cuda engine's choice for one layer and pass, by ``CUDA_COSTS``: the direct route's products run
-        over a whole group's tokens (a prompt's responses), so its cost per token falls with the group's
-        size, while the FFT route's is per token. Host arithmetic only."""
+    def cuda_route(self, name: str, groups: RowGroups, tokens_per_row: int, costs: RouteCosts | None = None) -> str:
+        """The cuda engine's choice for one layer and pass, by ``costs`` (``CUDA_COSTS``; the GPU check passes
+        refit ones): the direct route's products run over a whole group's tokens (a prompt's responses), so its
+        cost per token falls with the group's size, while the FFT route's is per token. Host arithmetic only."""
         if self.route:
             return self.route
+        costs = costs or CUDA_COSTS
         out_f, in_f = self._shapes[name]
         group_tokens = groups.tokens(tokens_per_row)
-        costs = {"direct": CUDA_COSTS.direct(out_f, in_f, group_tokens),
-                 "fft": CUDA_COSTS.fft(out_f, in_f, self.out_dim, sum(group_tokens))}
+        seconds = {"direct": costs.direct(out_f, in_f, group_tokens),
+                   "fft": costs.fft(out_f, in_f, self.out_dim, sum(group_tokens))}
         if self.presketched_sides(name):
-            costs["presketch"] = CUDA_COSTS.presketch(out_f, in_f, self.out_dim, group_tokens)
-        return min(costs, key=costs.get)
+            seconds["presketch"] = costs.presketch(out_f, in_f, self.out_dim, group_tokens)
+        return min(seconds, key=seconds.get)
 
     def presketched_sides(self, name: str) -> tuple[str, ...]:
         """The sides of layer ``name`` wider than ``dim``: the presketch route count-sketches them first."""
