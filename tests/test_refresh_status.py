@@ -125,6 +125,41 @@ def test_refresh_by_status_threshold_and_columns(tmp_path):
     assert refresh(job(old, budget=1.0))["plan"]["selected"] == []
 
 
+def test_refresh_of_the_blind_spot_takes_only_reused_all_equal_groups(tmp_path):
+    """groups: all_equal (issue 32's revision 10): of the prompts over the threshold, exactly those whose reused
+    rewards were all equal (std 0), highest first; a mixed group over it (rows 0 and 4) is never taken. The plan
+    records the choice, a rerun with the other refuses by name, and a plan of 'any' keeps its old fields."""
+    records = make_inputs(tmp_path, ROWS)
+    values = {r.prompt_id: brute_force_value(*row) for r, row in zip(records, ROWS)}
+    flat = {r.prompt_id for r, row in zip(records, ROWS) if row[1] == 0}
+    want = sorted((p for p, v in values.items() if v > 0.5 and p in flat), key=lambda p: (-values[p], p))
+    assert [records.index(next(r for r in records if r.prompt_id == p)) for p in want] == [2, 8]
+    out = refresh(job(tmp_path, budget=1.0, groups="all_equal"))
+    assert out["plan"]["selected"] == want and out["collected"] == 2
+    assert out["plan"]["groups"] == "all_equal" and summary(out)["groups"] == "all_equal"
+    with pytest.raises(MismatchError, match="groups"):
+        refresh(job(tmp_path, budget=1.0))
+    other = tmp_path / "any"
+    other.mkdir()
+    make_inputs(other, ROWS)
+    plan = refresh(job(other, budget=1.0))["plan"]
+    assert "groups" not in plan and summary({"plan": plan})["groups"] == "any"
+    assert plan["selected"][:2] == [records[2].prompt_id, records[4].prompt_id]  # 0.992, then the mixed 0.851
+
+
+def test_the_checked_curriculums_refresh_by_name_and_the_folders_of_old_refreshes():
+    """check.refresh names the refresh a stage after the first runs; a refresh of groups 'any' records what it
+    recorded before the choice existed (its folder key and plan unchanged), 'all_equal' records the choice."""
+    from cropi.pipeline.curriculum.config import CHECK_REFRESH
+    from cropi.pipeline.requests import RefreshOptions
+
+    assert CHECK_REFRESH["blind_spot"].groups == "all_equal" and CHECK_REFRESH["status"].groups == "any"
+    assert CHECK_REFRESH["status"].recorded() == {"criterion": "status", "below": None, "above": 0.5, "budget": 1.0}
+    assert CHECK_REFRESH["blind_spot"].recorded()["groups"] == "all_equal"
+    with pytest.raises(ValidationError, match="groups"):
+        RefreshOptions(criterion="status", budget=1.0, groups="mixed")
+
+
 # ---------------------------------------------------------------- all-equal groups scoring did not run
 
 

@@ -27,6 +27,11 @@ and neither criterion chooses them (under ``status`` they are the groups the pol
 learned or unlearned: pass the store); the plan and the printed summary count them
 (``all_equal_unknown``).
 
+``groups: all_equal`` re-collects only prompts whose reused group's rewards were all equal: the blind
+spot, whose gradient is zero at every checkpoint. A mixed group's gradient already follows the
+checkpoint through its importance ratios; refreshing it mostly drops the prompt from the ranking (its
+fresh group is then likely all-equal), which is a saturation filter rather than a repair.
+
 The choice is frozen in ``<out>/plan.json`` the first time, so a killed refresh resumes the same
 prompts (the collection itself skips what it already committed). Layout of ``out``::
 
@@ -160,9 +165,9 @@ def summary(result: dict) -> dict:
     ``all_equal_unknown``: the prompts with all-equal rewards the criterion could not value (their
     weights were not computed: no ``trajectories``), never chosen; None in a plan written before it."""
     plan = result["plan"]
-    keys = ("checkpoint", "spec_id", "split", "criterion", "below", "above", "budget", "pool_size",
+    keys = ("checkpoint", "spec_id", "split", "criterion", "below", "above", "budget", "groups", "pool_size",
             "all_equal_unknown")
-    head = {k: plan.get(k, "ess" if k == "criterion" else None) for k in keys}
+    head = {k: plan.get(k, {"criterion": "ess", "groups": "any"}.get(k)) for k in keys}
     head.pop("above" if head["criterion"] == "ess" else "below")  # the other criterion's threshold
     counts = {k: v for k, v in result.items() if k != "plan"}
     return head | {"chosen": len(plan["selected"]), "selected": plan["selected"]} | counts
@@ -173,12 +178,16 @@ def _plan(job: RefreshJob, fs, path: str) -> dict:
             "below": job.below, "budget": job.budget}
     if job.criterion != "ess":  # plans of ESS refreshes stay as they were written before the choice
         want |= {"criterion": job.criterion, "above": job.above}
+    if job.groups != "any":  # likewise plans written before this choice
+        want |= {"groups": job.groups}
     try:
         stored = read_json(fs, path)
     except Exception:  # no plan yet (a damaged one is rewritten: nothing was collected without a plan)
         stored = None
     if isinstance(stored, dict) and "selected" in stored:
         differ = [k for k, v in want.items() if stored.get(k) != v]
+        if stored.get("groups", "any") != job.groups and "groups" not in differ:  # a plan of 'any' omits it
+            differ.append("groups")
         if differ:
             raise MismatchError(f"{path} plans a refresh with other settings ({', '.join(differ)}); "
                                 "use another output folder or delete it")
@@ -199,6 +208,15 @@ def _plan(job: RefreshJob, fs, path: str) -> dict:
 
 
 def _criterion_values(job: RefreshJob, table, split) -> tuple[np.ndarray, int]:
+    """The per-prompt value the criterion thresholds (NaN, never chosen, for a mixed group under
+    ``groups: all_equal``) and how many prompts whose rewards were all equal it leaves unknown."""
+    values, unknown = _all_values(job, table, split)
+    if job.groups == "all_equal":
+        values = np.where(np.asarray(table.columns["reward_std"], np.float64) > 0, np.nan, values)
+    return values, unknown
+
+
+def _all_values(job: RefreshJob, table, split) -> tuple[np.ndarray, int]:
     """The per-prompt value the criterion thresholds (a clear error when the split lacks its columns)
     and how many prompts whose rewards were all equal it leaves unknown. Their weights, which scoring
     does not compute, are computed here when ``job.trajectories`` is given (see the module doc)."""

@@ -40,6 +40,18 @@ class RefreshOptions(BaseModel):
     above: float = Field(0.5, ge=0, lt=1, description="criterion 'status': refresh prompts whose status-change "
                          "probability is above this")
     budget: float = Field(gt=0, le=1, description="at most this fraction of the split's prompts")
+    groups: Literal["any", "all_equal"] = Field(
+        "any", description="which reused groups may be re-collected: any, or all_equal only (the blind spot: a group "
+        "of all-equal rewards has a zero gradient at every checkpoint, so no ranking can pick its prompt, while a "
+        "mixed group's gradient follows the checkpoint through its importance ratios)")
+
+    def recorded(self) -> dict:
+        """The options as refresh folders and plans record them: ``groups`` only where it is not 'any', so a
+        refresh planned before the choice existed keeps its folder and its plan."""
+        doc = self.model_dump(mode="json")
+        if doc["groups"] == "any":
+            doc.pop("groups")
+        return doc
 
     @model_validator(mode="after")
     def _threshold(self) -> "RefreshOptions":

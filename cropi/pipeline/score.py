@@ -97,7 +97,7 @@ def _refresh(request: ScoreRequest, root: str | Path, name: str, options: Refres
     store lets the refresh weigh the all-equal groups scoring did not run (cropi.pipeline.refresh)."""
     # the model's path too: a checked curriculum scores one checkpoint (its name is its content's fingerprint)
     # from two paths, a stage restored to an earlier best; each path's refresh samples and stores its own
-    key = short_hash({"options": options.model_dump(mode="json"), "model": str(Path(request.model).resolve())})[:8]
+    key = short_hash({"options": options.recorded(), "model": str(Path(request.model).resolve())})[:8]
     out = Path(root).resolve() / "refresh" / f"{name}-{key}"
     opts = request.collect
     job = RefreshJob(**options.model_dump(), model=request.model, prompts=request.pool, gradients=store_path(root),

@@ -87,13 +87,13 @@ class CheckOptions(BaseModel):
                          "from the prompts read, so under no change the ratio follows t), or the normal (issue 32's "
                          "revisions 1-6, which err above the stated rate: 0.0171 against 0.0125 at 21 prompts, "
                          "docs/demo.md)")
-    refresh: Literal["status", "never"] = Field(
+    refresh: Literal["status", "blind_spot", "never"] = Field(
         "status", description="at every stage after the first, re-collect the pool prompts a fresh group at the "
-                              "stage's checkpoint would more likely than not find in the other status (mixed <-> "
-                              "all-equal: theta_0's all-equal groups carry a zero gradient whatever the policy "
-                              "unlearned) and rank them on their fresh groups (status; a curriculum's own "
-                              "'refresh' takes precedence), or rank theta_0's groups only (never: issue 32's "
-                              "revisions 1-8, docs/demo.md)")
+                              "stage's checkpoint would more likely than not find in the other status and rank them "
+                              "on their fresh groups (a curriculum's own 'refresh' takes precedence): both ways, "
+                              "mixed <-> all-equal (status: issue 32's revision 9), or only theta_0's all-equal "
+                              "groups, whose gradient is zero whatever the policy unlearned (blind_spot: revision "
+                              "10); or rank theta_0's groups only (never: revisions 1-8, docs/demo.md)")
     best_of: Literal["stage", "run"] = Field(
         "run", description="the best checkpoint a fall is measured against and restored to: the stage's own, or "
                            "the curriculum's so far (a stage starts with the previous stage's best when it reads "

@@ -16,10 +16,12 @@ from cropi.pipeline.requests import RefreshOptions, ScoreRequest, ScoringSetting
 from cropi.selection import RANKING_SELECTORS, SELECTORS, get_selector
 from cropi.utils.hashing import short_hash
 
-# The checked curriculum's refresh (check.refresh "status", issue 32's revision 9): the status criterion at its
-# decision point (a fresh group more likely than not in the other status) and no cap, which would keep the
-# blind spot for the prompts over it
-CHECK_REFRESH = RefreshOptions(criterion="status", above=0.5, budget=1.0)
+# The checked curriculum's refresh (check.refresh): the status criterion at its decision point (a fresh group more
+# likely than not in the other status) and no cap, which would keep the blind spot for the prompts over it; both
+# ways ("status", issue 32's revision 9) or the blind spot's way only ("blind_spot": reused all-equal groups,
+# revision 10)
+CHECK_REFRESH = {"status": RefreshOptions(criterion="status", above=0.5, budget=1.0),
+                 "blind_spot": RefreshOptions(criterion="status", above=0.5, budget=1.0, groups="all_equal")}
 
 METHODS = SELECTORS  # a curriculum's method is a selector of the registry
 MAX_STAGES = 1000
@@ -60,8 +62,8 @@ class CurriculumConfig(ScoringSettings):
         a ranking selector reuses theta_0's trajectories."""
         if self.refresh is not None:
             return self.refresh
-        if self.check.enabled and self.check.refresh == "status" and self.ranks and not self.recollect_each_stage:
-            return CHECK_REFRESH
+        if self.check.enabled and self.check.refresh != "never" and self.ranks and not self.recollect_each_stage:
+            return CHECK_REFRESH[self.check.refresh]
         return None
 
     @field_validator("name")
