@@ -4,7 +4,9 @@ A round reruns only the checked method (and ``full``, which the demo always runs
 of a report (AUC, accelerations, curves, checks, costs) depends only on that method's runs and ``full``'s,
 so the committed report with ``--as``'s entries replaced by ``--method``'s from the new report is the report
 the round's method would have had in the committed folder, provided ``full`` reran bit for bit (checked
-here: the merge refuses otherwise). An entry the new report lacks for the method is dropped, not kept stale.
+here: the merge refuses otherwise, unless ``--across-machines`` says the new report ran where the committed
+runs cannot repeat bit for bit; the method's entries then stand against its own run's ``full``, and both fulls'
+AUC are recorded). An entry the new report lacks for the method is dropped, not kept stale.
 
     python benchmarks/merge_method.py --committed benchmarks/results/demo/report.json --new R/report.json \\
         --method checked_refresh --as checked --out OUT/report.json
@@ -38,12 +40,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--method", required=True)
     ap.add_argument("--as", dest="into", required=True)
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--across-machines", action="store_true",
+                    help="the new report ran on another machine, where full cannot rerun bit for bit: merge anyway, "
+                         "the method's entries measured against its own run's full, both fulls' AUC recorded")
     a = ap.parse_args(argv)
     committed, new = json.loads(a.committed.read_text()), json.loads(a.new.read_text())
-    if committed["accuracy_by_step"]["full"] != new["accuracy_by_step"]["full"]:
-        raise SystemExit(f"full did not rerun bit for bit in {a.new}: the reports are not comparable")
+    same_full = committed["accuracy_by_step"]["full"] == new["accuracy_by_step"]["full"]
+    if not same_full and not a.across_machines:
+        raise SystemExit(f"full did not rerun bit for bit in {a.new}: the reports are not comparable "
+                         "(--across-machines if the new report ran on another machine)")
     merged = merge(committed, new, a.method, a.into)
     merged["merged"] = {"committed": str(a.committed), "new": str(a.new.name), "method": a.method, "as": a.into}
+    if not same_full:
+        merged["merged"]["full_auc"] = {"committed": committed["auc_by_method"]["full"],
+                                        "new": new["auc_by_method"]["full"]}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(merged, indent=1) + "\n")
     return merged

@@ -45,3 +45,17 @@ def test_a_full_that_did_not_rerun_bit_for_bit_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="bit for bit"):
         mm.main(["--committed", str(tmp_path / "c.json"), "--new", str(tmp_path / "n.json"),
                  "--method", "checked_refresh", "--as", "checked", "--out", str(tmp_path / "m.json")])
+
+
+def test_across_machines_merges_and_records_both_fulls(tmp_path):
+    """A new report from another machine (full cannot repeat bit for bit) merges only when said, and the merge
+    records both fulls' AUC beside the method's entries."""
+    committed, new = _reports()
+    new["accuracy_by_step"]["full"]["0"]["10"] = 0.10001
+    new["auc_by_method"]["full"] = {"mean": 0.61}
+    (tmp_path / "c.json").write_text(json.dumps(committed))
+    (tmp_path / "n.json").write_text(json.dumps(new))
+    out = mm.main(["--committed", str(tmp_path / "c.json"), "--new", str(tmp_path / "n.json"), "--across-machines",
+                   "--method", "checked_refresh", "--as", "checked", "--out", str(tmp_path / "m.json")])
+    assert out["auc_by_method"]["checked"] == {"mean": 0.55} and out["auc_by_method"]["full"] == {"mean": 0.6}
+    assert out["merged"]["full_auc"] == {"committed": {"mean": 0.6}, "new": {"mean": 0.61}}
