@@ -71,10 +71,14 @@ def collect(job: CollectJob, progress: Progress | None = None, backend=None) -> 
                     "logprob_dtype": getattr(backend, "logprob_dtype", "float32"),
                     "prompts_fingerprint": prompts_fingerprint(everything)}
         store = TrajectoryStore.create_or_open(job.out, identity)
-        done = store.committed_prompt_ids()
-        todo = [r for r in records if r.prompt_id not in done]
-        progress("collect", len(records) - len(todo), len(records))
-        _run(store, backend, todo, rendered, job, reward_fn, shard, progress, len(records) - len(todo), len(records))
+        # what is done is read once the writer is ours: another process collecting this shard may have just
+        # finished it
+        with store.writer(writer_id(shard), prompts_per_shard=job.batch_prompts) as writer:
+            done = store.committed_prompt_ids()
+            todo = [r for r in records if r.prompt_id not in done]
+            progress("collect", len(records) - len(todo), len(records))
+            _run(writer, backend, todo, rendered, job, reward_fn, shard, progress, len(records) - len(todo),
+                 len(records))
     finally:
         if own:
             backend.close()
@@ -88,18 +92,17 @@ def default_batch_prompts() -> int:
     return GPU_BATCH_PROMPTS if torch.cuda.is_available() else CPU_BATCH_PROMPTS
 
 
-def _run(store, backend, todo, rendered, job, reward_fn, shard, progress, start, total) -> None:
-    with store.writer(writer_id(shard), prompts_per_shard=job.batch_prompts) as writer:
-        for b in range(0, len(todo), job.batch_prompts):
-            batch = todo[b:b + job.batch_prompts]
-            outputs = backend.generate([rendered[r.prompt_id] for r in batch],
-                                       [r.prompt_id for r in batch], job.sampling)
-            for record, samples in zip(batch, outputs):
-                rewards = score_responses(reward_fn, [s.text for s in samples], record.answer)
-                writer.commit_prompt_rows([_row(record.prompt_id, rendered[record.prompt_id], k, s, rw)
-                                           for k, (s, rw) in enumerate(zip(samples, rewards))])
-            _record_drift(job, shard, batch, backend)
-            progress("collect", start + b + len(batch), total)
+def _run(writer, backend, todo, rendered, job, reward_fn, shard, progress, start, total) -> None:
+    for b in range(0, len(todo), job.batch_prompts):
+        batch = todo[b:b + job.batch_prompts]
+        outputs = backend.generate([rendered[r.prompt_id] for r in batch],
+                                   [r.prompt_id for r in batch], job.sampling)
+        for record, samples in zip(batch, outputs):
+            rewards = score_responses(reward_fn, [s.text for s in samples], record.answer)
+            writer.commit_prompt_rows([_row(record.prompt_id, rendered[record.prompt_id], k, s, rw)
+                                       for k, (s, rw) in enumerate(zip(samples, rewards))])
+        _record_drift(job, shard, batch, backend)
+        progress("collect", start + b + len(batch), total)
 
 
 def _record_drift(job, shard, batch, backend) -> None:

@@ -87,16 +87,17 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
     model = load_causal_lm(job.model, device=device, dtype=dtype, attn_implementation=attention)
     projector = make_projector(job.projection, {n: tuple(p.shape) for n, p in model.named_parameters()}, device=device)
     split = open_split(job, projector, trajectories, model_fingerprint(job.model), device)
-    done = split.committed_prompt_ids()
-    mine = sorted(p for p in trajectories.committed_prompt_ids() if in_shard(p, shard))
-    todo = [p for p in mine if p not in done]
     computer = make_computer(model, projector, job.loss)  # the factored kind batches many prompts a backward
     computer.checkpoint_layers = job.model_options.checkpoint_layers
     counts: dict[str, int] = {}
     stage = f"gradients:{job.split}"
-    done_n = len(mine) - len(todo)
-    progress(stage, done_n, len(mine))
+    mine = sorted(p for p in trajectories.committed_prompt_ids() if in_shard(p, shard))
+    # what is done is read once the writer is ours: another process writing this shard may have just finished it
     with split.writer(writer_id(shard), rows_per_shard=job.rows_per_shard) as writer:
+        done = split.committed_prompt_ids()
+        todo = [p for p in mine if p not in done]
+        done_n = len(mine) - len(todo)
+        progress(stage, done_n, len(mine))
         for batch in _batches(trajectories.iter_prompts(todo), computer.prompts_per_call):
             for traj in batch:
                 check_token_ids_fit(traj, model.config.vocab_size)

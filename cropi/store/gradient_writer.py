@@ -86,8 +86,11 @@ class GradientWriter:
 
     def close(self) -> None:
         if not self._closed:
-            self.flush()
-            self._closed = True
+            try:
+                self.flush()
+            finally:
+                self._closed = True
+                self._shard.release()  # another process may write under this id now
 
     def __enter__(self) -> "GradientWriter":
         return self

@@ -29,6 +29,7 @@ import pyarrow.fs as pafs
 from cropi.errors import CorruptDataError, InvalidInputError, NotFoundError
 from cropi.store import manifest as mf
 from cropi.store import shard_io
+from cropi.store.lease import WriterLease
 from cropi.store.key_index import KeyIndex, Part
 from cropi.store.part_cache import PartCache
 from cropi.store.schema import check_table, conform
@@ -71,7 +72,8 @@ class ShardedDataset:
         return self.manifest["identity"]
 
     def writer(self, writer_id: str) -> "ShardWriter":
-        """The writer ``writer_id`` (one process per id at a time); clears its leftovers."""
+        """The writer ``writer_id``, once no other process holds it (cropi.store.lease); clears its leftovers.
+        Read what it has committed after this returns: another holder may have committed meanwhile."""
         return ShardWriter(self, check_name(writer_id, "writer id"))
 
     def commits(self) -> dict[str, list[dict]]:
@@ -219,9 +221,19 @@ class ShardWriter:
         self.dataset = dataset
         self.writer_id = writer_id
         fs, base = dataset.fs, dataset.path
-        self.entries = shard_io.read_commit(fs, base, writer_id)
-        self._seq = shard_io.remove_orphans(fs, base, writer_id, dataset.fmt, self.entries)
+        # waits while another process writes under this id: its leftovers are cleared just below
+        self._lease = WriterLease(fs, base, writer_id)
+        try:
+            self.entries = shard_io.read_commit(fs, base, writer_id)
+            self._seq = shard_io.remove_orphans(fs, base, writer_id, dataset.fmt, self.entries)
+        except BaseException:
+            self._lease.release()
+            raise
         self._keys: set[str] | None = None
+
+    def release(self) -> None:
+        """Let another process write under this id (the writer commits nothing more)."""
+        self._lease.release()
 
     def committed_keys(self) -> set[str]:
         """Keys this writer has committed (read once from its shards' keys, then kept up to date)."""

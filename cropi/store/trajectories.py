@@ -194,8 +194,11 @@ class TrajectoryWriter:
 
     def close(self) -> None:
         if not self._closed:
-            self.flush()
-            self._closed = True
+            try:
+                self.flush()
+            finally:
+                self._closed = True
+                self._shard.release()  # another process may write under this id now
 
     def __enter__(self) -> "TrajectoryWriter":
         return self
