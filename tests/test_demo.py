@@ -513,22 +513,29 @@ def test_a_variant_that_enables_the_check_runs_checked_like_the_default():
     assert settings.trainer_options({}, "cropi", val)["stage_eval_files"] == val
 
 
-def test_the_checked_curriculum_refreshes_by_status_unless_told_otherwise():
-    """Issue 32's revision 9: a checked curriculum with a ranking selector refreshes by status at the decision
-    point with no cap; an explicit refresh wins; no refresh where the check is off or says never, where the
-    selector ranks nothing, or where every stage re-collects the whole pool anyway."""
+def test_the_checked_curriculum_refreshes_its_blind_spot_unless_told_otherwise():
+    """Issue 32's revision 10: a checked curriculum with a ranking selector refreshes theta_0's all-equal groups
+    by status at the decision point with no cap (revision 9, ``status``, refreshes mixed groups too); an explicit
+    refresh wins; no refresh where the check is off or says never, where the selector ranks nothing, or where
+    every stage re-collects the whole pool anyway."""
+    from cropi.pipeline.curriculum.check import CheckOptions
     from cropi.pipeline.curriculum.config import CHECK_REFRESH, CurriculumConfig
     from cropi.pipeline.requests import RefreshOptions
 
     base = dict(name="c", model="m", pool="p.jsonl", validation={"v": "v.jsonl"}, stages=2, selector="cropi")
-    assert CurriculumConfig(**base).stage_refresh == CHECK_REFRESH
-    assert (CHECK_REFRESH.criterion, CHECK_REFRESH.above, CHECK_REFRESH.budget) == ("status", 0.5, 1.0)
+    assert CheckOptions().refresh == "blind_spot"
+    assert CurriculumConfig(**base).stage_refresh == CHECK_REFRESH["blind_spot"]
+    for name, groups in (("status", "any"), ("blind_spot", "all_equal")):
+        chosen = CurriculumConfig(**base, check={"refresh": name}).stage_refresh
+        assert (chosen.criterion, chosen.above, chosen.budget, chosen.groups) == ("status", 0.5, 1.0, groups)
     own = RefreshOptions(criterion="ess", below=0.3, budget=0.1)
     assert CurriculumConfig(**base, refresh=own).stage_refresh == own
     assert CurriculumConfig(**base, check={"enabled": False}).stage_refresh is None
     assert CurriculumConfig(**base, check={"refresh": "never"}).stage_refresh is None
     assert CurriculumConfig(**base | {"selector": "full"}).stage_refresh is None
     assert CurriculumConfig(**base, recollect_each_stage=True).stage_refresh is None
-    # revision 8's curricula keep their resume key: refresh at its default is left out of it
+    # curricula started before keep their resume key: refresh at its default is left out of it (and resume under
+    # the default), another value is in it
     key = CurriculumConfig(**base).resume_key()
+    assert CurriculumConfig(**base, check={"refresh": "status"}).resume_key() != key
     assert CurriculumConfig(**base, check={"refresh": "never"}).resume_key() != key

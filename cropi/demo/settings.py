@@ -30,8 +30,9 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # the checked curriculum as issue 32's revision 8 left it: theta_0's groups
                                        # ranked at every stage, none refreshed (check.refresh, docs/demo.md round 9)
                                        "checked_rev8": {"check": {"enabled": True, "refresh": "never"}},
-                                       # issue 32's revision 10: only theta_0's all-equal groups refreshed
-                                       "checked_rev10": {"check": {"enabled": True, "refresh": "blind_spot"}}}
+                                       # revision 9: theta_0's groups refreshed both ways, mixed ones too (the
+                                       # default refreshes only the all-equal ones: revision 10, docs/demo.md)
+                                       "checked_rev9": {"check": {"enabled": True, "refresh": "status"}}}
 
 
 def is_checked(method: str) -> bool:

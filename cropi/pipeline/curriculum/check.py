@@ -87,8 +87,8 @@ class CheckOptions(BaseModel):
                          "from the prompts read, so under no change the ratio follows t), or the normal (issue 32's "
                          "revisions 1-6, which err above the stated rate: 0.0171 against 0.0125 at 21 prompts, "
                          "docs/demo.md)")
-    refresh: Literal["status", "blind_spot", "never"] = Field(
-        "status", description="at every stage after the first, re-collect the pool prompts a fresh group at the "
+    refresh: Literal["blind_spot", "status", "never"] = Field(
+        "blind_spot", description="at every stage after the first, re-collect the pool prompts a fresh group at the "
                               "stage's checkpoint would more likely than not find in the other status and rank them "
                               "on their fresh groups (a curriculum's own 'refresh' takes precedence): both ways, "
                               "mixed <-> all-equal (status: issue 32's revision 9), or only theta_0's all-equal "
