@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from cropi.demo import DemoSettings
 from cropi.demo.acceleration import FINAL_POINTS, SHARES, acceleration, aggregate, area_under_curve, first_reaching
-from cropi.demo.settings import DEFAULT_METHOD, METHODS
+from cropi.demo.settings import CONTROLS, DEFAULT_METHOD, METHODS
 from cropi.selection import DEFAULT_SELECTOR
 from cropi.errors import CropiError
 from cropi.generation import Sample, render_prompt
@@ -397,9 +397,9 @@ def test_quick_demo_end_to_end(tmp_path):
     from cropi.cli import main
 
     out = tmp_path / "demo"
-    assert main(["demo", "--quick", "--out", str(out)]) == 0
+    assert main(["demo", "--quick", "--out", str(out), "--methods", ",".join(METHODS + ("oracle",))]) == 0
     quick = DemoSettings.quick()
-    report = _check_report(out, quick, METHODS)
+    report = _check_report(out, quick, METHODS + ("oracle",))
     assert report["task"]["name"] == "lists"
     targets = {"lists/" + k for k in report["task"]["targets"]}
     n_pool = report["task"]["splits"]["pool"]
@@ -493,6 +493,16 @@ def test_a_task_defined_outside_the_package_runs_the_quick_demo(tmp_path, monkey
     assert set(report["accuracy_by_step"]) == {"cropi", "full"}
     with pytest.raises(CropiError, match="cannot load task"):
         DemoSettings.make(task="no_such_module:TASK")
+
+
+def test_the_default_method_set_is_issue_32s_and_the_controls_are_opt_in():
+    """The default runs beside CROPI's rule, diverse, informative and full (issue 32's keys); random, pass_rate
+    and oracle stay runnable by name, each known to --methods, none in the default set."""
+    from cropi.demo.settings import known_methods
+
+    assert DemoSettings().methods == METHODS == (DEFAULT_METHOD, "cropi", "diverse", "full", "informative")
+    assert not set(CONTROLS) & set(METHODS) and set(CONTROLS) <= set(known_methods())
+    assert DemoSettings(methods=("full", *CONTROLS)).methods == ("full", *CONTROLS)
 
 
 def test_a_variant_that_enables_the_check_runs_checked_like_the_default():
