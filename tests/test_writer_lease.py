@@ -27,9 +27,8 @@ from cropi.store.lease import WriterLease
 HERE = Path(__file__).resolve().parent
 
 HOLDER = textwrap.dedent("""
-    import sys, time
+    import time
     from pathlib import Path
-    sys.path.insert(0, {support!r})
     from support.store import open_split, grad_row
     split = open_split({root!r})
     with split.writer("shard-0000-of-0001", rows_per_shard=4) as w:
@@ -43,8 +42,9 @@ HOLDER = textwrap.dedent("""
 
 def _holder(tmp_path, hold_s: float) -> tuple[subprocess.Popen, Path]:
     marker = tmp_path / "marker"
-    code = HOLDER.format(support=str(HERE), root=str(tmp_path / "store"), marker=str(marker), hold_s=hold_s)
-    proc = subprocess.Popen([sys.executable, "-c", code])
+    code = HOLDER.format(root=str(tmp_path / "store"), marker=str(marker), hold_s=hold_s)
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)  # tests/support
+    proc = subprocess.Popen([sys.executable, "-c", code], env=os.environ | {"PYTHONPATH": path})
     deadline = time.monotonic() + 60
     while not (marker.exists() and marker.read_text()):
         assert proc.poll() is None, "the holder died before holding the writer"
