@@ -11,7 +11,9 @@ prompts committed and skips them.
 On a local filesystem the lease is an ``flock`` on ``<dataset>/locks/<writer id>.lock``: the kernel
 releases it when its process dies, so a killed holder never blocks a resumed run. Other pyarrow
 filesystems (object stores) offer no lock: there, as before, a writer id must be written by one process
-at a time (the Ray launcher gives each worker a shard of its own, hence an id of its own).
+at a time (the Ray launcher gives each worker a shard of its own, hence an id of its own). A child forked
+while a lease is held shares its lock until the child exits (the descriptor is closed on exec, not on fork):
+collect starts its engine before it opens its writer.
 """
 
 from __future__ import annotations
