@@ -54,12 +54,12 @@ def _holder(tmp_path, hold_s: float) -> tuple[subprocess.Popen, Path]:
 
 
 def test_a_second_writer_of_one_id_waits_then_sees_the_firsts_rows(tmp_path):
-    proc, marker = _holder(tmp_path, hold_s=1.5)
+    proc, _ = _holder(tmp_path, hold_s=1.5)
     split = open_split(tmp_path / "store")
     with split.writer("shard-0000-of-0001", rows_per_shard=4) as w:
-        assert marker.read_text() == "closed"  # opened only once the holder had closed
-        done = split.committed_prompt_ids()
-        assert done == {f"p{i}" for i in range(6)}  # its buffered rows too: nothing cleared under it
+        # opened only once the holder had closed: its buffered rows are committed too, nothing cleared under it
+        # (while it held the id, 4 of the 6 were)
+        assert split.committed_prompt_ids() == {f"p{i}" for i in range(6)}
         for pid in ("p6", "p7"):
             w.append(**grad_row(pid))
     assert proc.wait(timeout=60) == 0
