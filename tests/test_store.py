@@ -484,7 +484,9 @@ def test_read_is_first_occurrence_in_writer_then_commit_order(tmp_path_factory, 
     ds = ShardedDataset(str(root), {"kind": "test"}, "ipc", schema)
     writers, brute = {}, {}
     for n, (wid, keys) in enumerate(commits):
-        w = writers[wid] if wid in writers else writers.setdefault(wid, ds.writer(wid))
+        if wid not in writers:  # one writer per id: a second of one id in this process is refused (store.lease)
+            writers[wid] = ds.writer(wid)
+        w = writers[wid]
         keys = [f"k{k}" for k in keys if f"k{k}" not in w.committed_keys()]
         w.commit(pa.table({"prompt_id": keys, "tag": [n] * len(keys)}, schema=schema))
         brute.setdefault(wid, []).extend((k, n) for k in keys)

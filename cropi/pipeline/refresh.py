@@ -67,6 +67,8 @@ from cropi.utils.fsio import read_json, resolve, write_json_atomic
 
 
 _COLLECT = CollectJob.model_fields  # the re-collection's options: the collect job's own fields and defaults
+# What a plan written before a field existed meant by its absence (plans keep omitting them at these values)
+PLAN_DEFAULTS = {"criterion": "ess", "groups": "any"}
 
 
 class RefreshJob(RefreshOptions):
@@ -167,7 +169,7 @@ def summary(result: dict) -> dict:
     plan = result["plan"]
     keys = ("checkpoint", "spec_id", "split", "criterion", "below", "above", "budget", "groups", "pool_size",
             "all_equal_unknown")
-    head = {k: plan.get(k, {"criterion": "ess", "groups": "any"}.get(k)) for k in keys}
+    head = {k: plan.get(k, PLAN_DEFAULTS.get(k)) for k in keys}
     head.pop("above" if head["criterion"] == "ess" else "below")  # the other criterion's threshold
     counts = {k: v for k, v in result.items() if k != "plan"}
     return head | {"chosen": len(plan["selected"]), "selected": plan["selected"]} | counts
@@ -185,9 +187,7 @@ def _plan(job: RefreshJob, fs, path: str) -> dict:
     except Exception:  # no plan yet (a damaged one is rewritten: nothing was collected without a plan)
         stored = None
     if isinstance(stored, dict) and "selected" in stored:
-        differ = [k for k, v in want.items() if stored.get(k) != v]
-        if stored.get("groups", "any") != job.groups and "groups" not in differ:  # a plan of 'any' omits it
-            differ.append("groups")
+        differ = [k for k, v in (want | {"groups": job.groups}).items() if stored.get(k, PLAN_DEFAULTS.get(k)) != v]
         if differ:
             raise MismatchError(f"{path} plans a refresh with other settings ({', '.join(differ)}); "
                                 "use another output folder or delete it")

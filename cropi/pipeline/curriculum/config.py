@@ -20,8 +20,8 @@ from cropi.utils.hashing import short_hash
 # likely than not in the other status) and no cap, which would keep the blind spot for the prompts over it; both
 # ways ("status", issue 32's revision 9) or the blind spot's way only ("blind_spot": reused all-equal groups,
 # revision 10)
-CHECK_REFRESH = {"status": RefreshOptions(criterion="status", above=0.5, budget=1.0),
-                 "blind_spot": RefreshOptions(criterion="status", above=0.5, budget=1.0, groups="all_equal")}
+_STATUS = RefreshOptions(criterion="status", above=0.5, budget=1.0)
+CHECK_REFRESH = {"status": _STATUS, "blind_spot": _STATUS.model_copy(update={"groups": "all_equal"})}
 
 METHODS = SELECTORS  # a curriculum's method is a selector of the registry
 MAX_STAGES = 1000
