@@ -436,6 +436,80 @@ def test_at_the_whole_pool_a_fall_has_no_fallback_and_the_stage_trains_on(setup,
     assert [e["action"] for e in first["parts"]] == ["no_fallback"] * 4
 
 
+@pytest.mark.parametrize("widened", ["filled", "selection"])
+def test_a_widened_fraction_is_its_share_of_the_pool_and_fraction_one_is_the_pool(setup, monkeypatch, widened):
+    """Both arms fall at fraction 0.5, so the stage widens to 1. A ranking selector picks among its candidates
+    only (CROPI's rule: nonzero gradients; diverse: positive gains), so its own pick at 1 is short of the pool.
+    Filled (revision 11), a widened subset is that pick, best first, then a uniform draw from the rest, up to
+    ``ceil(f N)``: at 1 the whole pool, for either arm. The base fraction is never filled, and ``selection``
+    (revisions 1-10) trains the short pick."""
+    from cropi.data import load_prompts
+    from cropi.pipeline.curriculum import steps
+
+    picks = {}
+    real = steps.select_ids
+
+    def recorded(config, paths, m, pool, model, selector, fraction):
+        picks[(selector, fraction)] = real(config, paths, m, pool, model, selector, fraction)
+        return picks[(selector, fraction)]
+
+    monkeypatch.setattr(steps, "select_ids", recorded)
+    trainer = PartTrainer(turn=0, drop=0.02, fallback_drop=0.02)
+    result = _run(setup, monkeypatch, trainer, f"check-widened-{widened}", stages=1, select_fraction=0.5,
+                  check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False, "widened": widened})
+    parts = _check(result, 0)["parts"]
+    assert [e["fraction"] for e in parts] == [0.5, 0.5, 1.0, 1.0]
+    pool = [r.prompt_id for r in load_prompts(setup["files"]["pool"])]
+    subsets = {(c["arm"], Path(c["subset"]).stem): [r.prompt_id for r in load_prompts(c["subset"])]
+               for c in trainer.calls}
+    short = {arm: picks[(arm, 1.0)] for arm in ("cropi", "diverse")}
+    assert len(short["diverse"]) < len(pool)  # the case this revision exists for: the pick at 1 is not the pool
+    assert len(picks[("diverse", 0.5)]) < math.ceil(0.5 * len(pool))  # short at the base fraction too: left so
+    for (arm, stem), ids in subsets.items():
+        fraction = float(stem.split("-")[1]) if "-" in stem else 0.5
+        if fraction == 0.5:  # the base fraction: the selectors' own picks, as in an unchecked run, short or not
+            assert ids == (picks[(arm, 0.5)] if arm == "diverse" else
+                           [r.prompt_id for r in load_prompts(result["stages"][0]["subset"])])
+            continue
+        if widened == "selection":
+            assert ids == short[arm]
+        else:
+            assert ids[:len(short[arm])] == short[arm]  # its own pick first, in its order
+            assert sorted(ids) == sorted(pool) and len(set(ids)) == len(pool)  # then the rest: the whole pool
+    widened_parts = [e for e in parts if e["fraction"] == 1.0]
+    assert [e["filled"] for e in widened_parts] == (
+        [len(pool) - len(short[e["arm"]]) for e in widened_parts] if widened == "filled" else [None, None])
+    assert all(e["filled"] is None for e in parts if e["fraction"] == 0.5)
+
+
+def test_filling_draws_the_rest_of_the_pool_uniformly_and_keeps_the_pick_first():
+    import random
+
+    from cropi.errors import InvalidInputError
+    from cropi.selection import filled
+
+    pool = [f"p{i}" for i in range(20)]
+    pick = ["p7", "p3", "p11"]
+    out = filled(pick, pool, 0.45, random.Random(0))  # ceil(0.45 * 20) = 9
+    assert out[:3] == pick and len(out) == 9 and len(set(out)) == 9 and set(out) <= set(pool)
+    assert filled(pick, pool, 0.45, random.Random(0)) == out  # the draw is the seed's alone
+    assert sorted(filled(pick, pool, 1.0, random.Random(1))) == sorted(pool)
+    assert filled(pick, pool, 0.1, random.Random(0)) == pick  # a pick as large as the fraction is left as it is
+    counts = dict.fromkeys(pool, 0)  # each of the 17 others is drawn 6 times in 17 (a uniform draw of 6)
+    trials = 4000
+    for t in range(trials):
+        for p in filled(pick, pool, 0.45, random.Random(t))[3:]:
+            counts[p] += 1
+    rate = 6 / 17
+    se = math.sqrt(rate * (1 - rate) / trials)
+    assert all(abs(counts[p] / trials - rate) < 5 * se for p in pool if p not in pick)
+    assert all(counts[p] == 0 for p in pick)
+    with pytest.raises(InvalidInputError, match="distinct prompts of the pool"):
+        filled(["p1", "p1"], pool, 0.5, random.Random(0))
+    with pytest.raises(InvalidInputError, match="distinct prompts of the pool"):
+        filled(["zz"], pool, 0.5, random.Random(0))
+
+
 def _balanced_noise(self, checkpoint, stream="", **_):
     """``_scripted`` plus noise of exactly zero mean a set: +-0.1 on a half of the prompts each checkpoint and
     stream draws, so a paired change reads exactly the change of quality, with an SE (and a margin) above 0."""

@@ -35,7 +35,10 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "checked_rev8": {"check": {"enabled": True, "refresh": "never"}},
                                        # revision 9: theta_0's groups refreshed both ways, mixed ones too (the
                                        # default refreshes only the all-equal ones: revision 10, docs/demo.md)
-                                       "checked_rev9": {"check": {"enabled": True, "refresh": "status"}}}
+                                       "checked_rev9": {"check": {"enabled": True, "refresh": "status"}},
+                                       # revision 11's candidate: a widened fraction filled up to its share of the
+                                       # pool, so that fraction 1 is the pool (docs/demo.md, round 11)
+                                       "checked_rev11": {"check": {"enabled": True, "widened": "filled"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -2,7 +2,7 @@
 to turn a checkpoint's scores into a stage subset (cropi.selection.base has what they may know)."""
 
 from cropi.selection import controls, influence  # noqa: F401  (registers the selectors)
-from cropi.selection.base import (REGISTRY, NoOptions, Selection, SelectionInputs, Selector, fraction_count,
+from cropi.selection.base import (REGISTRY, NoOptions, Selection, SelectionInputs, Selector, fraction_count, filled,
                                   get_selector)
 from cropi.selection.controls import pass_rate_score, pass_rates
 
@@ -27,4 +27,4 @@ def select(name: str, inputs: SelectionInputs, options=None) -> Selection:
 
 
 __all__ = ["DEFAULT_SELECTOR", "FALLBACK_SELECTOR", "RANKING_SELECTORS", "REGISTRY", "SELECTORS", "NoOptions", "Selection",
-           "SelectionInputs", "Selector", "fraction_count", "get_selector", "pass_rate_score", "pass_rates", "select"]
+           "SelectionInputs", "Selector", "filled", "fraction_count", "get_selector", "pass_rate_score", "pass_rates", "select"]

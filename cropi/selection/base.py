@@ -116,6 +116,19 @@ def fraction_count(fraction: float, pool_size: int) -> int:
     return math.ceil(fraction * pool_size)
 
 
+def filled(chosen: Sequence[str], prompt_ids: Sequence[str], fraction: float, rng: random.Random) -> list[str]:
+    """``chosen`` in its order, then a uniform draw without replacement from the other ``prompt_ids`` (taken in
+    their order, so the draw depends on ``rng`` alone) up to ``fraction_count(fraction, len(prompt_ids))``.
+
+    A ranking selector picks among its candidates only, so a fraction above their share comes back short;
+    filled, fraction 1 is the whole pool. The rest has no ranking this selector trusts, hence uniform."""
+    want, have = fraction_count(fraction, len(prompt_ids)), set(chosen)
+    if len(have) != len(chosen) or not have <= set(prompt_ids):
+        raise InvalidInputError("a selection to fill must be distinct prompts of the pool")
+    rest = [p for p in prompt_ids if p not in have]
+    return [*chosen, *rng.sample(rest, max(0, want - len(chosen)))]
+
+
 def tie_key(seed: int, prompt_id: str) -> bytes:
     return hashlib.blake2b(f"{seed}\0{prompt_id}".encode(), digest_size=8).digest()
 

@@ -10,7 +10,8 @@ curriculum resumes at the part it was in without repeating or losing a decision:
     start    the arm and fraction the stage begins with, its checkpoint and objective
     race     stage 0, and a stage after a confirmed reversal: the first part trained with each arm from the
              stage's start (the better goes on)
-    parts    per part: arm, fraction, steps, checkpoint, the check's reading and action (and, when
+    parts    per part: arm, fraction, steps, checkpoint (and with `widened: filled`, how many of a widened
+             subset's prompts the fill drew), the check's reading and action (and, when
              the screen fired, its confirmation on held-out prompts and a fresh stream: `confirm`;
              with `at_whole_pool: keep`, a fall at the whole pool is `no_fallback` and the part kept)
     end      the stage's checkpoint, objective, case(s), the arm and fraction later stages take
@@ -25,6 +26,7 @@ and the stage's metrics file (what reports read) gives every row the curriculum'
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -34,7 +36,9 @@ from cropi.pipeline.curriculum import check as chk
 from cropi.pipeline.curriculum.config import CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumPaths, StageState
 from cropi.pipeline.progress import Progress
+from cropi.selection import filled
 from cropi.utils.fingerprint import model_fingerprint
+from cropi.utils.fsio import resolve, write_json_atomic
 
 
 def checked(config: CurriculumConfig, trainer) -> str | None:
@@ -92,7 +96,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
     samples, n = fit or (opts.samples, n)
     plan = {"steps": steps, "z": round(z, 6), "test": opts.test, "rerace": opts.rerace, "variance": variance,
             "prompts_per_set": n, "samples": samples, "arms": [config.selector, opts.fallback],
-            "rollouts": trainer.options.rollouts,
+            "rollouts": trainer.options.rollouts, "widened": opts.widened,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
@@ -279,7 +283,7 @@ class _Stage:
         values, check_s = self._measure(result.checkpoint)
         share = result.metrics.get("zero_advantage_share")
         return {"index": j, "arm": arm, "fraction": fraction, "steps": result.steps_done, "subset": str(subset),
-                "n_prompts": len(load_prompts(str(subset))), "from": model, "checkpoint": result.checkpoint,
+                "n_prompts": len(load_prompts(str(subset))), "filled": self._filled_count(subset), "from": model, "checkpoint": result.checkpoint,
                 "spent_start": spent, "lineage_start": result.global_step - result.steps_done,
                 "values": chk.as_lists(values), "objective": round(chk.objective(values), 6),
                 "zero_share": share, "groups": result.steps_done * getattr(self.trainer.options, "batch_prompts", 0),
@@ -369,8 +373,23 @@ class _Stage:
         if not path.is_file():
             ids = self.selector(arm, fraction)
             path.parent.mkdir(parents=True, exist_ok=True)
+            if self._fills(fraction):  # written first: a kill between the two files leaves no subset to read back
+                own, ids = len(ids), filled(ids, list(self.pool), fraction, random.Random(
+                    f"cropi.check.fill:{self.config.seed}:{self.m}:{arm}:{fraction:g}"))
+                write_json_atomic(*resolve(str(path.with_suffix(".json"))), {"selected": own, "filled": len(ids) - own})
             write_verl_parquet([self.pool[p] for p in ids], str(path), split="train")
         return path
+
+    def _fills(self, fraction: float) -> bool:
+        """Whether a subset at ``fraction`` is filled up to its share of the pool (revision 11): a widened one, under
+        a plan that says so (a stage planned before revision 11 resumes as it began)."""
+        return self.plan.get("widened", "selection") == "filled" and fraction > self.config.select_fraction
+
+    @staticmethod
+    def _filled_count(subset: Path) -> int | None:
+        """How many of a subset's prompts the fill drew (None: not filled)."""
+        side = subset.with_suffix(".json")
+        return json.loads(side.read_text())["filled"] if side.is_file() else None
 
     def _lineage_end(self, checkpoint: str) -> int:
         """The trainer's step at ``checkpoint``: a part of this stage, or of an earlier one (a restored best)."""
