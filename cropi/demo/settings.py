@@ -36,9 +36,9 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # revision 9: theta_0's groups refreshed both ways, mixed ones too (the
                                        # default refreshes only the all-equal ones: revision 10, docs/demo.md)
                                        "checked_rev9": {"check": {"enabled": True, "refresh": "status"}},
-                                       # revision 11's candidate: a widened fraction filled up to its share of the
-                                       # pool, so that fraction 1 is the pool (docs/demo.md, round 11)
-                                       "checked_rev11": {"check": {"enabled": True, "widened": "filled"}}}
+                                       # revision 10: a widened subset is the arm's own pick, which stops at its
+                                       # candidates (the default fills it to its share of the pool: revision 11)
+                                       "checked_rev10": {"check": {"enabled": True, "widened": "selection"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -18,10 +18,14 @@ temperature) and decides, from the measured noise alone:
   its test errs at the stated rate. A screen the fresh pair does not confirm is ``unconfirmed`` and the
   part is kept. At the whole pool a reversal has no other subset to go on with, only the best
   checkpoint; ``at_whole_pool: keep`` records the screen as ``no_fallback`` and keeps the part instead
-  (``without_fallback``; it measured lower, so the default reverts). The best is the curriculum's so far
-  (``best_of: run``): a stage starts with the previous stage's best where it reads above the stage's start,
-  so falls each inside one stage's margin cannot add up over the stages;
-- ``widened``: the part's share of all-equal reward groups (zero gradient) exceeds the pool's expected
+  (``without_fallback``; it measured lower, so the default reverts). Fraction 1 is the whole pool for both
+  arms because a widened subset is filled to its share of the pool (``widened: filled``, revision 11): a
+  ranking selector's own pick stops at its candidates (at fraction 1 on `skills`, 366-767 of 1,200
+  prompts). The best is the curriculum's so far (``best_of: run``): a stage starts with the previous
+  stage's best where it reads above the stage's start, so falls each inside one stage's margin cannot add
+  up over the stages;
+- ``widened`` (the fraction doubles, the subset filled up to that share of the pool: ``filled``): the part's
+  share of all-equal reward groups (zero gradient) exceeds the pool's expected
   share (``flat_share``) by more than ``z_{1-alpha}`` binomial standard errors; or both arms have now
   fallen (confirmed) from the same checkpoint, which is evidence against the fraction, not against one arm
   (parts.py);
@@ -95,7 +99,7 @@ class CheckOptions(BaseModel):
                               "groups, whose gradient is zero whatever the policy unlearned (blind_spot: revision "
                               "10); or rank theta_0's groups only (never: revisions 1-8, docs/demo.md)")
     widened: Literal["filled", "selection"] = Field(
-        "selection", description="what a widened fraction f (above the curriculum's select_fraction) trains: "
+        "filled", description="what a widened fraction f (above the curriculum's select_fraction) trains: "
                                  "ceil(f N) prompts, the arm's selection and then a uniform seeded draw from the pool "
                                  "prompts it left out, so that fraction 1 is the pool (filled: issue 32's revision 11), "
                                  "or the arm's selection alone, which a ranking selector's candidates cut short (at "

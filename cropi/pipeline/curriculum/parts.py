@@ -124,7 +124,7 @@ class _Stage:
         self.arms = self.plan["arms"]
         # stage 0 races the two arms over its first part, and so does a stage after a confirmed reversal (revision
         # 8); a race needs a second part to go on with, and two subsets that differ: at the whole pool both arms
-        # select every prompt
+        # train every prompt (a widened subset is filled to its share of the pool, revision 11)
         previous = self._previous_end()
         # (read from the plan: a stage planned before revision 8 resumes as it began, unraced)
         again = (bool(previous) and self.plan.get("rerace", "never") == "after_reversal"
