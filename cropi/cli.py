@@ -241,7 +241,7 @@ def _demo_args(p):
                                                              "instead of using the shipped one")
 
 
-@command("demo", "CROPI against full-pool, random, pass-rate, informative and oracle selection on a task (CPU)")(_demo_args)
+@command("demo", "the checked default against CROPI's rule, diverse, informative and full-pool training on a task (CPU)")(_demo_args)
 def _demo(a):
     from cropi.demo import DemoSettings, run_demo
 

@@ -464,10 +464,10 @@ def test_a_widened_fraction_is_its_share_of_the_pool_and_fraction_one_is_the_poo
                for c in trainer.calls}
     short = {arm: picks[(arm, 1.0)] for arm in ("cropi", "diverse")}
     assert len(short["diverse"]) < len(pool)  # the case this revision exists for: the pick at 1 is not the pool
-    assert len(picks[("diverse", 0.5)]) < math.ceil(0.5 * len(pool))  # short at the base fraction too: left so
     for (arm, stem), ids in subsets.items():
         fraction = float(stem.split("-")[1]) if "-" in stem else 0.5
         if fraction == 0.5:  # the base fraction: the selectors' own picks, as in an unchecked run, short or not
+            # (diverse's pick here is short on the machines tried: 24 prompts, about half of positive gain)
             assert ids == (picks[(arm, 0.5)] if arm == "diverse" else
                            [r.prompt_id for r in load_prompts(result["stages"][0]["subset"])])
             continue

@@ -1,4 +1,5 @@
-"""``cropi demo``: CROPI against full-pool, random, pass-rate, informative and oracle selection.
+"""``cropi demo``: the checked default against CROPI's rule, diverse, informative and full-pool training (the
+other selectors and controls by name, ``--methods``).
 
 Phases (each logged with its wall time):
 

@@ -100,11 +100,11 @@ class CheckOptions(BaseModel):
                               "10); or rank theta_0's groups only (never: revisions 1-8, docs/demo.md)")
     widened: Literal["filled", "selection"] = Field(
         "filled", description="what a widened fraction f (above the curriculum's select_fraction) trains: "
-                                 "ceil(f N) prompts, the arm's selection and then a uniform seeded draw from the pool "
-                                 "prompts it left out, so that fraction 1 is the pool (filled: issue 32's revision 11), "
-                                 "or the arm's selection alone, which a ranking selector's candidates cut short (at "
-                                 "fraction 1 CROPI's rule trained 682-767 of 1,200 skills prompts, diverse 366-405: "
-                                 "selection, revisions 1-10, docs/demo.md)")
+                              "ceil(f N) prompts, the arm's selection and then a uniform seeded draw from the pool "
+                              "prompts it left out, so that fraction 1 is the pool (filled: issue 32's revision 11), "
+                              "or the arm's selection alone, which a ranking selector's candidates cut short (at "
+                              "fraction 1 CROPI's rule trained 682-767 of 1,200 skills prompts, diverse 366-405: "
+                              "selection, revisions 1-10, docs/demo.md)")
     best_of: Literal["stage", "run"] = Field(
         "run", description="the best checkpoint a fall is measured against and restored to: the stage's own, or "
                            "the curriculum's so far (a stage starts with the previous stage's best when it reads "

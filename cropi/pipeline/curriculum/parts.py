@@ -283,7 +283,8 @@ class _Stage:
         values, check_s = self._measure(result.checkpoint)
         share = result.metrics.get("zero_advantage_share")
         return {"index": j, "arm": arm, "fraction": fraction, "steps": result.steps_done, "subset": str(subset),
-                "n_prompts": len(load_prompts(str(subset))), "filled": self._filled_count(subset), "from": model, "checkpoint": result.checkpoint,
+                "n_prompts": len(load_prompts(str(subset))), "filled": self._filled_count(subset), "from": model,
+                "checkpoint": result.checkpoint,
                 "spent_start": spent, "lineage_start": result.global_step - result.steps_done,
                 "values": chk.as_lists(values), "objective": round(chk.objective(values), 6),
                 "zero_share": share, "groups": result.steps_done * getattr(self.trainer.options, "batch_prompts", 0),
@@ -373,10 +374,11 @@ class _Stage:
         if not path.is_file():
             ids = self.selector(arm, fraction)
             path.parent.mkdir(parents=True, exist_ok=True)
-            if self._fills(fraction):  # written first: a kill between the two files leaves no subset to read back
+            if self._fills(fraction):  # its count first: a kill before the subset is written leaves none to reuse
                 own, ids = len(ids), filled(ids, list(self.pool), fraction, random.Random(
                     f"cropi.check.fill:{self.config.seed}:{self.m}:{arm}:{fraction:g}"))
-                write_json_atomic(*resolve(str(path.with_suffix(".json"))), {"selected": own, "filled": len(ids) - own})
+                write_json_atomic(*resolve(str(path.with_suffix(".json"))),
+                                  {"selected": own, "filled": len(ids) - own})
             write_verl_parquet([self.pool[p] for p in ids], str(path), split="train")
         return path
 
