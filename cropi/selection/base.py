@@ -123,8 +123,12 @@ def filled(chosen: Sequence[str], prompt_ids: Sequence[str], fraction: float, rn
     A ranking selector picks among its candidates only, so a fraction above their share comes back short;
     filled, fraction 1 is the whole pool. The rest has no ranking this selector trusts, hence uniform."""
     want, have = fraction_count(fraction, len(prompt_ids)), set(chosen)
-    if len(have) != len(chosen) or not have <= set(prompt_ids):
-        raise InvalidInputError("a selection to fill must be distinct prompts of the pool")
+    stray = sorted(have - set(prompt_ids))
+    if len(have) != len(chosen) or stray:
+        raise InvalidInputError(
+            "a selection to fill must be distinct prompts of the pool: it "
+            + (f"holds {len(stray)} the pool lacks (e.g. {stray[:3]}); the pool file changed after scoring: start a "
+               "new curriculum" if stray else f"repeats {len(chosen) - len(have)} of its prompts, which is a bug of the selector: please report it"))
     rest = [p for p in prompt_ids if p not in have]
     return [*chosen, *rng.sample(rest, max(0, want - len(chosen)))]
 
