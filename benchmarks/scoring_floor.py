@@ -14,7 +14,8 @@ with the demo's one torch thread, each piece at the stage's own checkpoint, in t
 A stage's best of ``--rounds`` for each piece; the ratios are of sums over the stages. ``gradients / training``
 is the floor of scoring's share for any rule that ranks the pool at every stage.
 
-    python benchmarks/scoring_floor.py --work out/demo [--curriculum checked-seed0] [--rounds 2] --out benchmarks/results
+    python benchmarks/scoring_floor.py --work out/demo [--source TEXT] [--curriculum checked-seed0] [--rounds 2] \
+        --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -79,11 +80,13 @@ def measure(work: Path, curriculum: str, rounds: int) -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", required=True, type=Path, help="a finished `make demo` folder (OUT/demo)")
+    ap.add_argument("--source", default="a make demo folder",
+                    help="what --work is, as a reader elsewhere can find it (its path is this machine's: not recorded)")
     ap.add_argument("--curriculum", default="checked-seed0")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     a = ap.parse_args(argv)
-    result = {"benchmark": "scoring_floor", "work": str(a.work), "curriculum": a.curriculum, "rounds": a.rounds,
+    result = {"benchmark": "scoring_floor", "source": a.source, "curriculum": a.curriculum, "rounds": a.rounds,
               "goal": "scoring + checks <= 0.6 x a stage's training on lists (issue 32)",
               **measure(a.work, a.curriculum, a.rounds), "environment": environment()}
     write_json(a.out, "scoring_floor.json", result)
