@@ -266,10 +266,58 @@ def test_every_demo_method_has_its_own_colour():
     assert len(set(colours)) == len(colours)
 
 
-def test_diverse_refuses_work_past_its_bound_before_starting(monkeypatch):
+def test_diverse_past_its_work_bound_runs_the_sampled_greedy(monkeypatch):
+    """Past the exact greedy's bound the selector still answers (it refused before): distinct ok prompts of
+    positive gain, as many as fit, the same for the same stage and seed, from the sampled greedy."""
     from cropi.selection import influence
 
-    ids, vecs, status, ranking = _pool(seed=6)
+    ids, vecs, status, ranking = _pool(seed=6, n=200)
+    exact = pick("diverse", ids, 0.2, ranking=ranking, vectors=vecs)
+    calls = []
+    sampled = influence.sampled_greedy_under_budget
+    monkeypatch.setattr(influence, "sampled_greedy_under_budget", lambda *a, **k: calls.append(1) or sampled(*a, **k))
     monkeypatch.setattr(influence, "MAX_GREEDY_WORK", 10.0)
-    with pytest.raises(InvalidInputError, match="lower the selection fraction.*selector 'cropi'"):
-        pick("diverse", ids, 0.2, ranking=ranking, vectors=vecs)
+    chosen = pick("diverse", ids, 0.2, ranking=ranking, vectors=vecs)
+    assert calls and len(chosen) == len(set(chosen)) == len(exact)  # both take min(count, candidates)
+    assert set(chosen) <= {p for p, s in zip(ids, status) if s == "ok"}
+    assert all(np.mean([ranking.scores[s][ids.index(p)] for s in ranking.scores]) > 0 for p in chosen)
+    assert pick("diverse", ids, 0.2, ranking=ranking, vectors=vecs) == chosen  # seeded: a resume picks the same
+
+
+@pytest.mark.parametrize("seed,c", [(0, 0.0), (1, 0.05), (2, 0.3), (3, -0.1)])
+def test_sampled_greedy_whose_sample_holds_every_row_is_the_brute_force(seed, c):
+    """With ``ln(1 / miss) >= n`` the sample (``R / n * ln(1 / miss)`` rows) is every free row at every step: the
+    sampled greedy is then the exact one, so its budget, fit test and running sum are checked against the brute
+    force."""
+    from cropi.selection.influence import sampled_greedy_under_budget
+
+    rng = np.random.default_rng(seed)
+    units = rng.normal(size=(25, 6)) + rng.normal(size=6)
+    units /= np.linalg.norm(units, axis=1, keepdims=True)
+    gain = rng.normal(size=25)
+    got = sampled_greedy_under_budget(units, gain, 12, c, np.random.default_rng(9), miss=1e-9)
+    assert got == _greedy_brute(units, gain, 12, c)
+
+
+def test_sampled_greedy_picks_among_the_n_best_free_rows_but_at_rate_miss():
+    """Where every row fits (``c = 1``: the budget ``t^2`` bounds any sum of ``t`` unit rows), a step's pick is the
+    sample's best; it falls outside the ``n`` best free rows only when the sample missed all of them, at most
+    ``(1 - n / R)^s <= miss`` a step. A sample without the log factor (``s = R / n``) misses about e^-1 of the time,
+    one of ``n`` rows from their order at random far more."""
+    from cropi.selection.influence import sampled_greedy_under_budget
+
+    miss, rows, n, outside, steps = 0.05, 400, 20, 0, 0
+    for run in range(40):
+        rng = np.random.default_rng(100 + run)
+        units = rng.normal(size=(rows, 4))
+        units /= np.linalg.norm(units, axis=1, keepdims=True)
+        gain = rng.normal(size=rows)
+        picked = sampled_greedy_under_budget(units, gain, n, 1.0, np.random.default_rng(run), miss=miss)
+        free = set(range(rows))
+        for j in picked:
+            best = sorted(free, key=lambda i: -gain[i])[:n]
+            outside += j not in best
+            steps += 1
+            free.remove(j)
+    se = math.sqrt(miss * (1 - miss) / steps)
+    assert outside / steps <= miss + 4 * se, (outside, steps)
