@@ -133,6 +133,15 @@ def test_the_offline_variance_is_unbiased():
     assert chk.prompt_variance(rewards) == pytest.approx(want)
 
 
+@pytest.mark.parametrize("p,k", [(0.3, 4), (0.9, 8), (0.5, 2)])
+def test_a_readings_variance_is_unbiased_over_every_outcome_of_its_draws(p, k):
+    """``reading_variance`` of a prompt read with ``k`` draws, averaged over the binomial outcomes, is ``p (1 - p)``
+    (the biased ``p^(1 - p^)`` falls short by ``(k - 1) / k``)."""
+    expected = sum(math.comb(k, x) * p ** x * (1 - p) ** (k - x) * chk.reading_variance([x / k], k) for x in range(k + 1))
+    assert expected == pytest.approx(p * (1 - p), abs=1e-12)
+    assert chk.reading_variance([0.25, 0.5], 1) == 0.25  # one draw estimates nothing: the largest variance
+
+
 def test_a_fall_beyond_the_margin_reverts_and_one_at_the_margin_does_not():
     best = {"a": np.array([0.5, 0.5, 0.5, 0.5])}
     fell = {"a": np.array([0.0, 0.25, 0.25, 0.5])}
@@ -655,6 +664,37 @@ def test_a_set_too_small_for_the_prompts_gets_more_samples_a_prompt_and_stays_ch
     assert resolved(k, 3) and not resolved(k - 1, 3)  # the fewest samples that resolve it with 3 prompts
     assert f"{k} samples a prompt resolve the fall" in plan["samples_raised"]
     assert _check(result, 0)["checked"] and len([c for c in trainer.calls if c["stage"] == 0]) > 1  # in parts
+
+
+@pytest.mark.parametrize("step,sizing", [(0.01, "stage_start"), (0.2, "stage_start"), (0.01, "theta_0")])
+def test_a_later_stage_is_sized_from_the_noise_at_its_start_at_least_that_of_the_fall(setup, monkeypatch, step, sizing):
+    """Under ``sizing: stage_start`` stage 1 plans from stage 0's end reading (its starting checkpoint): per set the
+    mean unbiased ``k/(k-1) p^(1 - p^)`` of the end's per-prompt pass rates, at least ``resolve (1 - resolve)``, and
+    its prompts a set are the fewest that resolve the fall at that variance (searched here). Pass rates near 0.4
+    (step 0.01) give the reading's variance; saturated ones (0.2: every prompt read at 1) the floor. Under
+    ``theta_0`` stage 1 keeps stage 0's variance (revisions 1-11)."""
+    resolve, samples = 0.45, 8
+    name = f"check-sized-{sizing}-{step}"
+    _run(setup, monkeypatch, PartTrainer(step=step), name,
+         check={"parts": 4, "samples": samples, "resolve": resolve, "sizing": sizing})
+    state = json.loads((Path(setup["root"]) / "curricula" / name / "state.json").read_text())
+    first, second = (state["stages"][m]["check"] for m in (0, 1))
+    if sizing == "theta_0":
+        assert second["plan"]["variance"] == first["plan"]["variance"]
+        return
+    floor = resolve * (1 - resolve)
+    end, draws = first["end"]["values"], first["plan"]["samples"]
+    measured = {s: statistics.mean(draws / (draws - 1) * x * (1 - x) for x in v) for s, v in end.items()}
+    assert second["plan"]["variance"] == pytest.approx({s: max(floor, v) for s, v in measured.items()}, abs=1e-12)
+    if step < 0.1:
+        assert all(v > floor for v in measured.values())  # the reading's own variance, not the floor
+    else:
+        assert all(v == 0 for v in measured.values()) and set(second["plan"]["variance"].values()) == {floor}
+    v = statistics.mean(second["plan"]["variance"].values())
+    z = statistics.NormalDist().inv_cdf(1 - 0.05 / 4) + statistics.NormalDist().inv_cdf(0.8)
+    k = second["plan"]["samples"]
+    n = next(n for n in itertools.count(2) if z * math.sqrt(2 * v / (k * 2 * n)) <= resolve)
+    assert second["plan"]["prompts_per_set"] == n
 
 
 def test_a_killed_curriculum_resumes_inside_a_checked_stage_without_repeating_a_decision(setup, monkeypatch):

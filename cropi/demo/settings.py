@@ -38,7 +38,8 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "checked_rev9": {"check": {"enabled": True, "refresh": "status"}},
                                        # revision 10: a widened subset is the arm's own pick, which stops at its
                                        # candidates (the default fills it to its share of the pool: revision 11)
-                                       "checked_rev10": {"check": {"enabled": True, "widened": "selection"}}}
+                                       "checked_rev10": {"check": {"enabled": True, "widened": "selection"}},
+                                       "checked_rev12": {"check": {"enabled": True, "sizing": "stage_start"}}}
 
 
 def is_checked(method: str) -> bool:

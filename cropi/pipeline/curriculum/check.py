@@ -105,6 +105,13 @@ class CheckOptions(BaseModel):
                               "or the arm's selection alone, which a ranking selector's candidates cut short (at "
                               "fraction 1 CROPI's rule trained 682-767 of 1,200 skills prompts, diverse 366-405: "
                               "selection, revisions 1-10, docs/demo.md)")
+    sizing: Literal["stage_start", "theta_0"] = Field(
+        "theta_0", description="the per-prompt pass-rate variance a stage's validation sample is sized from: at the "
+                               "checkpoint the stage starts from (theta_0's offline trajectories at stage 0, the "
+                               "previous checked stage's end reading after it), per set at least resolve (1 - "
+                               "resolve), the variance a fall of resolve from a pass rate of 0 or 1 meets "
+                               "(stage_start: issue 32's revision 12); or theta_0's at every stage, without a floor "
+                               "(theta_0: revisions 1-11, docs/demo.md)")
     best_of: Literal["stage", "run"] = Field(
         "run", description="the best checkpoint a fall is measured against and restored to: the stage's own, or "
                            "the curriculum's so far (a stage starts with the previous stage's best when it reads "
@@ -186,14 +193,23 @@ def fit_samples(variance: float, options: CheckOptions, sets: int, checks: int, 
 
 def prompt_variance(rewards: Sequence[Sequence[float]]) -> float:
     """Mean unbiased ``p (1 - p)`` over prompts from their offline rewards (``K/(K-1) p^(1 - p^)``)."""
-    out = []
-    for r in rewards:
-        r = [1.0 if x and x > 0 else 0.0 for x in r]
-        k = len(r)
-        if k >= 2:
-            p = sum(r) / k
-            out.append(k / (k - 1) * p * (1 - p))
-    return float(np.mean(out)) if out else 0.25
+    rates = [(sum(1.0 for x in r if x and x > 0) / len(r), len(r)) for r in rewards if len(r) >= 2]
+    return _mean_unbiased(rates)
+
+
+def reading_variance(rates: Sequence[float], draws: int) -> float:
+    """``prompt_variance`` from a check's reading: each prompt's pass rate over ``draws`` draws."""
+    return _mean_unbiased([(float(p), draws) for p in rates] if draws >= 2 else [])
+
+
+def _mean_unbiased(rates: Sequence[tuple[float, int]]) -> float:
+    """Mean over ``(p^, k)`` of ``k/(k-1) p^(1 - p^)``, unbiased for ``p (1 - p)``; 0.25 (its largest) for none."""
+    return float(np.mean([k / (k - 1) * p * (1 - p) for p, k in rates])) if rates else 0.25
+
+
+def planned_variance(variance: float, options: CheckOptions) -> float:
+    """The variance a sample is sized from under ``sizing: stage_start``: at least ``resolve (1 - resolve)``."""
+    return max(variance, options.resolve * (1 - options.resolve))
 
 
 def flat_share(correct: Sequence[int], k: int, n: int) -> float:

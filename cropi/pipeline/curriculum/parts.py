@@ -85,8 +85,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
     z = chk.reversal_z(opts, len(steps))
     scored = state.stage(m).get("scored", {})
     offline = scored.get("trajectories") or {}
-    variance = {name: chk.prompt_variance(_rewards(offline[name])) if name in offline else 0.25
-                for name in config.validation}
+    variance = _variance(config, state, m, offline)
     v, sets, checks = sum(variance.values()) / len(variance), len(variance), len(steps)
     n = at_samples = chk.sample_size(v, opts, sets, checks)
     sizes = {name: len(load_prompts(path)) for name, path in config.validation.items()}
@@ -96,7 +95,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
     samples, n = fit or (opts.samples, n)
     plan = {"steps": steps, "z": round(z, 6), "test": opts.test, "rerace": opts.rerace, "variance": variance,
             "prompts_per_set": n, "samples": samples, "arms": [config.selector, opts.fallback],
-            "rollouts": trainer.options.rollouts, "widened": opts.widened,
+            "rollouts": trainer.options.rollouts, "widened": opts.widened, "sizing": opts.sizing,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
@@ -113,6 +112,23 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
                             + f", and more than {chk.MAX_SAMPLES} samples a prompt would not make up for it; "
                             "this stage runs unchecked")
     return doc
+
+
+def _variance(config: CurriculumConfig, state: StageState, m: int, offline: dict) -> dict[str, float]:
+    """Per validation set, the per-prompt pass-rate variance stage ``m``'s sample is sized from: theta_0's, from its
+    offline trajectories (``sizing: theta_0``, and stage 0); under ``stage_start`` after a checked stage, that stage's
+    end reading (its checkpoint is this stage's start; k draws a prompt), and at least ``resolve (1 - resolve)``."""
+    opts = config.check
+    out = {name: chk.prompt_variance(_rewards(offline[name])) if name in offline else 0.25 for name in config.validation}
+    if opts.sizing == "theta_0":
+        return out
+    previous = (state.stage(m - 1).get("check") or {}) if m else {}
+    end = previous.get("end") or {}
+    if end.get("checkpoint") == state.stage_model(m) and end.get("values"):
+        draws = previous["plan"]["samples"]
+        out = {name: chk.reading_variance(end["values"][name], draws) if name in end["values"] else v
+               for name, v in out.items()}
+    return {name: chk.planned_variance(v, opts) for name, v in out.items()}
 
 
 class _Stage:
