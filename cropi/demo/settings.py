@@ -39,7 +39,9 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # revision 10: a widened subset is the arm's own pick, which stops at its
                                        # candidates (the default fills it to its share of the pool: revision 11)
                                        "checked_rev10": {"check": {"enabled": True, "widened": "selection"}},
-                                       "checked_rev12": {"check": {"enabled": True, "sizing": "stage_start"}}}
+                                       # revision 11: every stage's sample sized from theta_0's variance, no floor
+                                       # (the default sizes it at the stage's start: revision 12)
+                                       "checked_rev11": {"check": {"enabled": True, "sizing": "theta_0"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -29,7 +29,9 @@ temperature) and decides, from the measured noise alone:
   share (``flat_share``) by more than ``z_{1-alpha}`` binomial standard errors; or both arms have now
   fallen (confirmed) from the same checkpoint, which is evidence against the fraction, not against one arm
   (parts.py);
-- ``kept`` otherwise. The sample size follows from the noise it must resolve (``sample_size``).
+- ``kept`` otherwise. The sample size follows from the noise it must resolve (``sample_size``): with ``sizing:
+  stage_start`` (revision 12) the per-prompt variance at the checkpoint the stage starts from (the previous
+  checked stage's end reading; theta_0's offline trajectories at stage 0), at least ``resolve (1 - resolve)``.
 
 Only validation sets are read, never test splits. docs/demo.md states the design and why.
 """
@@ -106,7 +108,7 @@ class CheckOptions(BaseModel):
                               "fraction 1 CROPI's rule trained 682-767 of 1,200 skills prompts, diverse 366-405: "
                               "selection, revisions 1-10, docs/demo.md)")
     sizing: Literal["stage_start", "theta_0"] = Field(
-        "theta_0", description="the per-prompt pass-rate variance a stage's validation sample is sized from: at the "
+        "stage_start", description="the per-prompt pass-rate variance a stage's validation sample is sized from: at the "
                                "checkpoint the stage starts from (theta_0's offline trajectories at stage 0, the "
                                "previous checked stage's end reading after it), per set at least resolve (1 - "
                                "resolve), the variance a fall of resolve from a pass rate of 0 or 1 meets "
