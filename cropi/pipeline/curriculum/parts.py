@@ -119,16 +119,15 @@ def _variance(config: CurriculumConfig, state: StageState, m: int, offline: dict
     offline trajectories (``sizing: theta_0``, and stage 0); under ``stage_start`` after a checked stage, that stage's
     end reading (its checkpoint is this stage's start; k draws a prompt), and at least ``resolve (1 - resolve)``."""
     opts = config.check
-    out = {name: chk.prompt_variance(_rewards(offline[name])) if name in offline else 0.25 for name in config.validation}
-    if opts.sizing == "theta_0":
-        return out
-    previous = (state.stage(m - 1).get("check") or {}) if m else {}
-    end = previous.get("end") or {}
-    if end.get("checkpoint") == state.stage_model(m) and end.get("values"):
-        draws = previous["plan"]["samples"]
-        out = {name: chk.reading_variance(end["values"][name], draws) if name in end["values"] else v
-               for name, v in out.items()}
-    return {name: chk.planned_variance(v, opts) for name, v in out.items()}
+    end, draws = {}, 0
+    if opts.sizing == "stage_start" and m:
+        previous = state.stage(m - 1).get("check") or {}
+        if (previous.get("end") or {}).get("checkpoint") == state.stage_model(m) and previous["end"].get("values"):
+            end, draws = previous["end"]["values"], previous["plan"]["samples"]
+    out = {name: chk.reading_variance(end[name], draws) if name in end
+           else chk.prompt_variance(_rewards(offline[name])) if name in offline else 0.25  # theta_0's, read only here
+           for name in config.validation}
+    return out if opts.sizing == "theta_0" else {name: chk.planned_variance(v, opts) for name, v in out.items()}
 
 
 class _Stage:
