@@ -513,6 +513,14 @@ def test_filling_draws_the_rest_of_the_pool_uniformly_and_keeps_the_pick_first()
     se = math.sqrt(rate * (1 - rate) / trials)
     assert all(abs(counts[p] / trials - rate) < 5 * se for p in pool if p not in pick)
     assert all(counts[p] == 0 for p in pick)
+    # to a batch (``at_least``): the pick first, then distinct others up to exactly the batch, or the whole pool
+    for fraction in (None, 0.1):  # ceil(0.1 * 20) = 2 < the pick's 3: the batch sets the size
+        batch = filled(pick, pool, fraction, random.Random(3), at_least=8)
+        assert batch[:3] == pick and len(batch) == len(set(batch)) == 8 and set(batch) <= set(pool)
+    assert filled(pick, pool, None, random.Random(0), at_least=3) == pick  # a pick of a batch is left as it is
+    assert filled(pick, pool, None, random.Random(0)) == pick
+    assert len(filled(pick, pool, 0.45, random.Random(0), at_least=4)) == 9  # the fraction's count is larger
+    assert sorted(filled(pick, pool, None, random.Random(0), at_least=50)) == sorted(pool)  # at most the pool
     with pytest.raises(InvalidInputError, match="distinct prompts of the pool"):
         filled(["p1", "p1"], pool, 0.5, random.Random(0))
     with pytest.raises(InvalidInputError, match="pool lacks.*start a new curriculum"):

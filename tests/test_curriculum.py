@@ -17,6 +17,7 @@ import pytest
 
 from cropi.cli import main as cli_main
 from cropi.data import load_prompts
+from cropi.errors import InvalidInputError
 from cropi.pipeline import score
 from cropi.selection import DEFAULT_SELECTOR, SelectionInputs, select
 from cropi.pipeline.curriculum import (CurriculumConfig, CurriculumConfigError, CurriculumConflictError,
@@ -136,6 +137,33 @@ def test_interrupted_run_resumes_without_redoing_finished_stages(setup, monkeypa
     for step in ("scored", "selected"):
         assert after["stages"][1][step]["at"] == before["stages"][1][step]["at"]
     assert result["finished"] and result["stages"][1]["checkpoint"]
+
+
+def test_a_subset_smaller_than_the_trainers_batch_is_filled_to_one_and_says_so(setup, monkeypatch):
+    """ceil(0.25 * 24) = 6 picks against a batch of 10 distinct prompts a step: the trainers refuse a smaller subset,
+    so the stage trains the 6 picks first and 4 uniform draws from the rest of the pool, and its record says so."""
+    from types import SimpleNamespace
+
+    from cropi.scoring.diagnostics import FILLED_TO_BATCH
+
+    trainer = use_trainer(monkeypatch, FakeTrainer())
+    trainer.options = SimpleNamespace(batch_prompts=10)
+    result = run_curriculum(make_config(setup, name="small-batch", method="random", stages=1), root=setup["root"])
+    pool_ids = [r.prompt_id for r in load_prompts(setup["files"]["pool"])]
+    picks = select("random", SelectionInputs(pool_ids, FRACTION, seed=1, salt="0")).chosen
+    trained = [r.prompt_id for r in load_prompts(result["stages"][0]["subset"])]
+    assert len(picks) == math.ceil(FRACTION * POOL) == 6
+    assert trained[:6] == picks and len(trained) == len(set(trained)) == 10 and set(trained) <= set(pool_ids)
+    state = json.loads((Path(setup["root"]) / "curricula" / "small-batch" / "state.json").read_text())
+    selected = state["stages"][0]["selected"]
+    assert selected["filled"] == 4 and selected["n_prompts"] == 10
+    warning = next(w for w in selected["diagnostics"]["warnings"] if w["code"] == FILLED_TO_BATCH)
+    assert (warning["selected"], warning["batch"], warning["filled"]) == (6, 10, 4)
+
+    trainer.options = SimpleNamespace(batch_prompts=POOL + 1)  # not even the pool fills a batch: refused first
+    with pytest.raises(InvalidInputError, match=f"has {POOL} prompts, fewer than one step's batch.*at most {POOL}"):
+        run_curriculum(make_config(setup, name="pool-below-batch", stages=1), root=setup["root"])
+    assert not (Path(setup["root"]) / "curricula" / "pool-below-batch").exists()  # before any work
 
 
 def test_more_stages_extend_a_run_and_other_changes_are_refused(setup, monkeypatch):

@@ -300,6 +300,9 @@ def test_bad_settings_are_refused():
     assert DemoSettings.make(methods=("full", "oracle")).methods == ("full", "oracle")  # a task probe
     with pytest.raises(CropiError, match="pool_size"):
         DemoSettings.make(pool_size=5000)  # beyond the drawn task: splits would overlap the warm-start set
+    with pytest.raises(CropiError, match="pool_size 20 is smaller than one training step's batch_prompts 32"):
+        DemoSettings.make(pool_size=20, batch_prompts=32)  # refused before any work, not at the first training
+    assert DemoSettings.make(pool_size=20).pool_size == 20  # a stage subset of 2 is filled to the batch instead
 
 
 # ---------------------------------------------------------------- end to end

@@ -113,6 +113,9 @@ class DemoSettings(BaseModel):
             raise ValueError("the demo measures against full-pool training: keep 'full' in methods")
         if self.stages * self.steps_per_stage < 2 and any(map(is_checked, self.methods)):
             raise ValueError("a checked curriculum needs at least 2 steps in all")
+        if self.pool_size < self.batch_prompts:  # a smaller stage subset is filled to a batch; the pool cannot be
+            raise ValueError(f"pool_size {self.pool_size} is smaller than one training step's batch_prompts "
+                             f"{self.batch_prompts}: lower batch_prompts, or give the task a larger pool")
         task = self.load_task()
         too_big = [f"{name} {getattr(self, name)} (at most {most})" for name, most in _largest(task).items()
                    if getattr(self, name) > most]

@@ -116,13 +116,18 @@ def fraction_count(fraction: float, pool_size: int) -> int:
     return math.ceil(fraction * pool_size)
 
 
-def filled(chosen: Sequence[str], prompt_ids: Sequence[str], fraction: float, rng: random.Random) -> list[str]:
+def filled(chosen: Sequence[str], prompt_ids: Sequence[str], fraction: float | None, rng: random.Random, *,
+           at_least: int = 0) -> list[str]:
     """``chosen`` in its order, then a uniform draw without replacement from the other ``prompt_ids`` (taken in
-    their order, so the draw depends on ``rng`` alone) up to ``fraction_count(fraction, len(prompt_ids))``.
+    their order, so the draw depends on ``rng`` alone) up to ``fraction_count(fraction, len(prompt_ids))`` (None:
+    ``chosen``'s own size), and to at least ``at_least`` (the pool's size at most).
 
     A ranking selector picks among its candidates only, so a fraction above their share comes back short;
-    filled, fraction 1 is the whole pool. The rest has no ranking this selector trusts, hence uniform."""
-    want, have = fraction_count(fraction, len(prompt_ids)), set(chosen)
+    filled, fraction 1 is the whole pool. ``at_least``: a trainer's step takes a batch of distinct prompts, so a
+    stage subset holds at least one batch. The rest has no ranking this selector trusts, hence uniform."""
+    have = set(chosen)
+    want = max(len(chosen) if fraction is None else fraction_count(fraction, len(prompt_ids)),
+               min(at_least, len(prompt_ids)))
     stray = sorted(have - set(prompt_ids))
     if len(have) != len(chosen) or stray:
         raise InvalidInputError(

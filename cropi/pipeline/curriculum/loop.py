@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from cropi.data import PromptRecord, load_prompts
+from cropi.errors import InvalidInputError
 from cropi.pipeline.curriculum import parts, steps
 from cropi.pipeline.curriculum.config import CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumConflictError, CurriculumPaths, StageState, summary
@@ -23,10 +24,15 @@ from cropi.utils.fingerprint import model_fingerprint
 def run_curriculum(config: CurriculumConfig, *, root: str | Path, progress: Progress | None = None) -> dict:
     """Run (or resume) the curriculum under ``root``; returns its stages (see ``summary``)."""
     progress = report(progress)
-    paths = CurriculumPaths(root, config.name)
-    state = StageState.open(paths, config)
     trainer = make_trainer(config.trainer, **config.trainer_options)  # bad options fail before any work
     pool = {r.prompt_id: r for r in load_prompts(config.pool)}
+    batch = steps.batch_of(trainer)
+    if len(pool) < batch:
+        raise InvalidInputError(f"the pool {config.pool} has {len(pool)} prompts, fewer than one step's batch of "
+                                f"the trainer ({batch} distinct prompts): lower the trainer's batch_prompts to at "
+                                f"most {len(pool)}, or use a larger pool")
+    paths = CurriculumPaths(root, config.name)
+    state = StageState.open(paths, config)
     _pin_initial_model(state, config)
     state.doc["finished"] = False
     state.save()
@@ -51,7 +57,8 @@ def _run_stage(config: CurriculumConfig, paths: CurriculumPaths, state: StageSta
         scored = steps.score(config, paths, m, model, progress)
         if "scored" not in stage:  # with its wall seconds: what the method's selection cost at this stage
             state.finish(m, "scored", scored.record | {"seconds": round(time.monotonic() - started, 3)})
-        state.finish(m, "selected", steps.select_stage(config, paths, m, pool, scored.chosen, scored.mix))
+        state.finish(m, "selected", steps.select_stage(config, paths, m, pool, scored.chosen, scored.mix,
+                                                       batch=steps.batch_of(trainer)))
     unchecked = parts.checked(config, trainer)
     if unchecked is None:  # trained in parts, each checked (cropi.pipeline.curriculum.check)
         pick = lambda selector, fraction: steps.select_ids(config, paths, m, pool, model, selector, fraction)  # noqa: E731

@@ -26,13 +26,13 @@ and the stage's metrics file (what reports read) gives every row the curriculum'
 from __future__ import annotations
 
 import json
-import random
 import shutil
 from pathlib import Path
 
 from cropi.contracts import POOL
 from cropi.data import PromptRecord, load_prompts, write_verl_parquet
 from cropi.pipeline.curriculum import check as chk
+from cropi.pipeline.curriculum import steps
 from cropi.pipeline.curriculum.config import CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumPaths, StageState
 from cropi.pipeline.progress import Progress
@@ -389,9 +389,11 @@ class _Stage:
         if not path.is_file():
             ids = self.selector(arm, fraction)
             path.parent.mkdir(parents=True, exist_ok=True)
-            if self._fills(fraction):  # its count first: a kill before the subset is written leaves none to reuse
-                own, ids = len(ids), filled(ids, list(self.pool), fraction, random.Random(
-                    f"cropi.check.fill:{self.config.seed}:{self.m}:{arm}:{fraction:g}"))
+            batch = steps.batch_of(self.trainer)
+            if self._fills(fraction) or len(ids) < batch:  # its count first: a kill before the subset is written
+                own, ids = len(ids), filled(                 # leaves none to reuse
+                    ids, list(self.pool), fraction if self._fills(fraction) else None,
+                    steps.fill_stream(self.config, self.m, arm, fraction), at_least=batch)
                 write_json_atomic(*resolve(str(path.with_suffix(".json"))),
                                   {"selected": own, "filled": len(ids) - own})
             write_verl_parquet([self.pool[p] for p in ids], str(path), split="train")

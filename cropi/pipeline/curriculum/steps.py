@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +30,10 @@ from cropi.errors import InvalidInputError
 from cropi.pipeline.curriculum.config import MAX_STAGES, CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumPaths
 from cropi.pipeline.rank import pool_labels
-from cropi.scoring.diagnostics import concentration, field_skew, selection_mix
+from cropi.scoring.diagnostics import FILLED_TO_BATCH, concentration, field_skew, selection_mix
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.score import ensure_trajectories, score_checkpoint
-from cropi.selection import SelectionInputs, get_selector, pass_rate_score, pass_rates, select
+from cropi.selection import SelectionInputs, filled, get_selector, pass_rate_score, pass_rates, select
 from cropi.store import TrajectoryStore
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.fsio import atomic_write_bytes, resolve, write_json_atomic
@@ -77,9 +78,10 @@ def score(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, 
 
 
 def select_stage(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool: dict[str, PromptRecord],
-                 chosen: Optional[list[str]], scored_mix: Optional[dict] = None) -> dict:
-    """Write the stage subset: ``chosen`` (best first), or the selector's own draw. ``scored_mix`` is the
-    ranking's record of the selection (its gradients' agreement), when a ranking selector made it."""
+                 chosen: Optional[list[str]], scored_mix: Optional[dict] = None, *, batch: int = 0) -> dict:
+    """Write the stage subset: ``chosen`` (best first), or the selector's own draw, filled to one trainer's
+    ``batch`` where it holds fewer (``to_a_batch``). ``scored_mix`` is the ranking's record of the selection (its
+    gradients' agreement), when a ranking selector made it."""
     if chosen is None:
         validation = [r for path in config.validation.values() for r in load_prompts(path)]
         chosen = select(config.selector, _inputs(config, m, records=pool, validation=validation),
@@ -91,9 +93,12 @@ def select_stage(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool:
     if missing:
         raise InvalidInputError(f"the stage selection holds {len(missing)} prompts the pool file lacks (e.g. "
                                 f"{missing[:3]}); the pool file changed after scoring: start a new curriculum")
+    chosen, short = to_a_batch(config, m, pool, chosen, config.selector, config.select_fraction, batch)
     subset = paths.stage(m) / "subset.parquet"
     write_verl_parquet([pool[p] for p in chosen], str(subset), split="train")
     mix = selection_mix(chosen, pool_labels(pool.values()))
+    if short:
+        mix["warnings"] = mix["warnings"] + [short["warning"]]
     if scored_mix:  # a ranking selector's record: how much the picks' gradients agree, judged at the trainer's batch
         signal = {k: scored_mix[k] for k in SIGNAL if k in scored_mix}
         warned = concentration(signal.get("selection_alignment"), signal.get("random_alignment"),
@@ -104,7 +109,34 @@ def select_stage(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool:
         fields = {f: {p: str(r.extra_info.get(f)) for p, r in pool.items()} for f in config.skew_fields}
         skew = field_skew(chosen, fields)
         mix = mix | {"fields": skew["fields"], "warnings": mix["warnings"] + skew["warnings"]}
-    return {"subset": str(subset), "n_prompts": len(chosen), "pool_size": len(pool), "diagnostics": mix}
+    return {"subset": str(subset), "n_prompts": len(chosen), "pool_size": len(pool), "diagnostics": mix,
+            **({"filled": short["filled"]} if short else {})}
+
+
+def batch_of(trainer) -> int:
+    """The distinct prompts a step of ``trainer`` takes (0: it does not say)."""
+    return int(getattr(getattr(trainer, "options", None), "batch_prompts", 0) or 0)
+
+
+def fill_stream(config: CurriculumConfig, m: int, arm: str, fraction: float) -> random.Random:
+    """The seeded draw that fills stage ``m``'s subset of ``arm`` at ``fraction`` (widened, or to a batch)."""
+    return random.Random(f"cropi.check.fill:{config.seed}:{m}:{arm}:{fraction:g}")
+
+
+def to_a_batch(config: CurriculumConfig, m: int, pool: dict[str, PromptRecord], chosen: list[str], arm: str,
+               fraction: float, batch: int) -> tuple[list[str], Optional[dict]]:
+    """``chosen``, filled with a uniform draw from the rest of the pool to ``batch`` prompts where it holds fewer
+    (a small pool at the fraction, or a selector with few candidates: the trainers refuse a subset smaller than
+    their batch), and what was filled (None: nothing)."""
+    if len(chosen) >= batch:
+        return chosen, None
+    out = filled(chosen, list(pool), None, fill_stream(config, m, arm, fraction), at_least=batch)
+    k = len(out) - len(chosen)
+    return out, {"filled": k, "warning": {
+        "code": FILLED_TO_BATCH, "selected": len(chosen), "batch": batch, "filled": k,
+        "message": f"{arm} selected {len(chosen)} prompts at stage {m}, fewer than the trainer's batch of {batch}: "
+                   f"{k} more drawn uniformly from the rest of the pool so that a step takes a batch of distinct "
+                   "prompts. A larger select_fraction (or a smaller batch_prompts) gives the selector the batch"}}
 
 
 def select_ids(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool: dict[str, PromptRecord], model: str,
