@@ -498,6 +498,32 @@ def test_a_task_defined_outside_the_package_runs_the_quick_demo(tmp_path, monkey
         DemoSettings.make(task="no_such_module:TASK")
 
 
+def test_a_remix_defined_outside_the_package_starts_from_the_shipped_model_it_names(tmp_path):
+    """A task whose ``model_of`` names a built-in task, with that task's recipe, warm-start prompts and answers,
+    starts from the shipped model itself (byte for byte), not from this machine's rebuild of it; a task that
+    differs in any of the three is warm-started, and the reason is given."""
+    import dataclasses
+    import hashlib
+    from pathlib import Path
+
+    from cropi.demo.assets import ASSETS, place_model, starts_as_shipped
+    from cropi.tasks.remix import remix
+
+    elsewhere = remix("elsewhere", ("nth",), {"nth": 0.5, "max": 0.5}, "a remix no built-in name covers")
+    said: list[str] = []
+    out = place_model(tmp_path / "theta0", elsewhere, log=said.append)
+    digest = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()  # noqa: E731
+    shipped = ASSETS / "warmstart-lists"
+    assert digest(out / "model.safetensors") == digest(shipped / "model.safetensors")
+    assert any("'lists'" in line and "shipped model" in line for line in said)
+    changed = {"recipe": dataclasses.replace(elsewhere, warm_start={**elsewhere.warm_start, "stop_at": 499}),
+               "answers": dataclasses.replace(elsewhere, response_text=lambda r: f"{r.answer}."),
+               "model_of": dataclasses.replace(elsewhere, model_of="")}
+    for what, task in changed.items():
+        why = starts_as_shipped(task, shipped)
+        assert why is not None and what.split("_")[0] in why.replace("response_text", "answers"), (what, why)
+
+
 def test_the_default_method_set_is_issue_32s_and_the_controls_are_opt_in():
     """The default runs beside CROPI's rule, diverse, informative and full (issue 32's keys); random, pass_rate
     and oracle stay runnable by name, each known to --methods, none in the default set."""
