@@ -515,7 +515,7 @@ def test_a_remix_defined_outside_the_package_starts_from_the_shipped_model_it_na
     digest = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()  # noqa: E731
     shipped = ASSETS / "warmstart-lists"
     assert digest(out / "model.safetensors") == digest(shipped / "model.safetensors")
-    assert any("'lists'" in line and "shipped model" in line for line in said)
+    assert any("shipped lists model" in line for line in said)
     changed = {"recipe": dataclasses.replace(elsewhere, warm_start={**elsewhere.warm_start, "stop_at": 499}),
                "answers": dataclasses.replace(elsewhere, response_text=lambda r: f"{r.answer}."),
                "model_of": dataclasses.replace(elsewhere, model_of="")}

@@ -109,7 +109,7 @@ def place_model(out_dir: str | Path, task: Task, *, warm_start_now: bool = False
     shipped = _shipped(task)
     if shipped is not None and not warm_start_now:
         if log and task.name not in BUILTIN:
-            log(f"the {task.name!r} task's initial model is {task.model_of!r}'s shipped model (model_of: the same "
+            log(f"the {task.name!r} task's initial model is the shipped {task.model_of} model (model_of: the same "
                 "recipe, warm-start prompts and answers)")
         return copy_model(shipped, out)
     if (out / RECIPE_FILE).is_file() and json.loads((out / RECIPE_FILE).read_text()).get("task") == task.name:
