@@ -451,13 +451,30 @@ def test_a_killed_demo_resumes_without_redoing_finished_work(tmp_path):
     assert report["cpu_s"] > spent["cpu_s"]
 
 
+def test_a_tasks_own_reward_is_known_to_the_demos_worker_processes(tmp_path, monkeypatch):
+    """A task defined outside the package may register its reward in its module: the demo's spawned workers
+    import the task's module first, or collection and training there fail on an unknown reward name."""
+    from cropi.demo.runner import _executor
+    from cropi.rewards.registry import available_rewards
+
+    (tmp_path / "own_reward_task.py").write_text(
+        "from cropi.rewards import register_reward\nfrom cropi.tasks.remix import remix\n\n"
+        "@register_reward('cropi_test_own_reward', replace=True)\ndef own(text, answer):\n    return 1.0\n\n"
+        "TASK = remix('own_reward', ('nth',), {'nth': 1.0}, 'a task with its own reward')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # a spawned worker starts with the parent's sys.path
+    with _executor(2, "own_reward_task:TASK") as pool:
+        assert "cropi_test_own_reward" in pool.submit(available_rewards).result()
+    with _executor(2, "lists") as pool:  # what a worker knows without the task's module
+        assert "cropi_test_own_reward" not in pool.submit(available_rewards).result()
+
+
 def test_a_demo_killed_alone_takes_its_worker_processes_with_it():
     """``kill PID`` reaches the demo's process only (Ctrl-C reaches its whole group): its pool's workers must
     not go on training into the folder, beside the curricula a demo started again on it would run."""
     import psutil
 
     script = ("import time\nfrom cropi.demo.runner import _executor, _start\n"
-              "pool = _executor(2)\n_start(pool, 2)\nprint('ready', flush=True)\ntime.sleep(600)\n")
+              "pool = _executor(2, 'lists')\n_start(pool, 2)\nprint('ready', flush=True)\ntime.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"

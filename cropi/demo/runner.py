@@ -71,7 +71,7 @@ def run_demo(settings: DemoSettings, out: str | Path, *, warm_start: bool = Fals
                for seed in range(settings.seeds) for method in run_order(settings.methods)]
     with ExitStack() as stack:
         with clock.phase("workers"):
-            pool = stack.enter_context(_executor(settings.workers))
+            pool = stack.enter_context(_executor(settings.workers, settings.task))
             _start(pool, settings.workers)
         # theta_0's collection and scoring serve every method's first stage (and a later run on the folder)
         reference = next((c for c in configs if c.selector == "cropi"), None) or curriculum_config(
@@ -205,11 +205,11 @@ def _wait(futures: list) -> list:
     return [f.result() for f in cf.as_completed(futures)]  # re-raises the first failure here
 
 
-def _executor(workers: int):
+def _executor(workers: int, task: str):
     if workers <= 1:
         return _InlineExecutor()
     return cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                  initializer=init_worker, initargs=(os.getpid(),))
+                                  initializer=init_worker, initargs=(os.getpid(), task))
 
 
 class _InlineExecutor:

@@ -14,9 +14,11 @@ from pathlib import Path
 from cropi.demo.log import LogProgress, say
 
 
-def init_worker(parent: int | None = None) -> None:
+def init_worker(parent: int | None = None, task: str | None = None) -> None:
     """The demo's thread policy in this process, quiet libraries, and the libraries every task imports;
-    in a pool's worker (``parent``: the demo's process id) an exit once that process is gone.
+    in a pool's worker (``parent``: the demo's process id) an exit once that process is gone, and the ``task``'s
+    own module imported: a task defined outside the package may register its reward there (``register_reward``),
+    and a spawned worker knows only what it imports.
 
     Every demo phase (collection, scoring, training, evaluation) runs at the one thread count every
     model build runs at (``cropi.models.warmstart.TORCH_THREADS``), in a worker process or inline
@@ -47,6 +49,11 @@ def init_worker(parent: int | None = None) -> None:
     import cropi.pipeline.collect  # noqa: F401
     import cropi.pipeline.compute_gradients  # noqa: F401
     import cropi.pipeline.curriculum  # noqa: F401
+
+    if task is not None:
+        from cropi.tasks.base import load_task
+
+        load_task(task)
 
 
 def ready() -> int:
