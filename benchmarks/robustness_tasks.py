@@ -1,0 +1,31 @@
+"""Held-out-style tasks defined outside the package, for a robustness sweep of the default through
+`cropi demo --task robustness_tasks:NAME` (PYTHONPATH=benchmarks): a target alone, three targets, a pool smaller
+than ten batches, a validation set of 10 prompts, a reward of the task's own. Results and the commands:
+benchmarks/results/demo/robustness/robustness.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from cropi.rewards import register_reward
+from cropi.tasks import lists
+from cropi.tasks.remix import remix
+
+UNIFORM = {s: 1 / len(lists.SKILLS) for s in lists.SKILLS}
+
+
+@register_reward("hv_last_number", replace=True)
+def last_number(text: str, answer: str) -> float:
+    """A task's own reward: the last integer in the response is the answer."""
+    found = re.findall(r"-?\d+", text)
+    return 1.0 if found and found[-1] == answer.strip() else 0.0
+
+
+ONE = remix("one", ("nth",), UNIFORM, "one target")
+THREE = remix("three", ("above", "after", "before"), UNIFORM, "three targets")
+_small = remix("smallpool", ("max",), UNIFORM, "a pool of 150")
+SMALLPOOL = dataclasses.replace(_small, sizes={**_small.sizes, "pool": 150})
+_tiny = remix("tinyval", ("max", "min"), UNIFORM, "a validation set of 10")
+TINYVAL = dataclasses.replace(_tiny, sizes={**_tiny.sizes, "val_max": 10, "val_min": 100})
+CUSTOM = dataclasses.replace(remix("custom", ("nth",), UNIFORM, "its own reward"), reward="hv_last_number")
