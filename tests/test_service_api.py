@@ -452,6 +452,7 @@ def test_curriculum_stages_download_as_parquet(env):
     env.wait(r.json()["job_id"])
     view = env.get(f"/v1/curricula/{cur}").json()
     assert [s["index"] for s in view["stages"]] == [0, 1, 2] and view["job"]["state"] == "succeeded"
+    assert [[w["code"] for w in s["warnings"]] for s in view["stages"]] == [["filled_to_batch"], [], []]
     import pyarrow.parquet as pq
 
     for s in view["stages"]:

@@ -192,6 +192,9 @@ class Stage(BaseModel):
     checks: dict | None = Field(default=None, description="the stage's checks of its own effect on the validation "
                                 "sets: each check's objective, SE, margin and action, the stage's case(s), or why "
                                 "it ran unchecked (cropi.pipeline.curriculum.state.check_summary)")
+    warnings: list[dict] | None = Field(default=None, description="what the stage subset's record warns of (each "
+                                        "with its code and message: concentrated_selection, label_skew, field_skew, "
+                                        "filled_to_batch; cropi.scoring.diagnostics)")
     cost_s: dict | None = Field(default=None, description="the stage's seconds: scoring, checks, training, and "
                                 "apart from them evaluation, the trainer's test-split evaluations that training "
                                 "leaves out (cropi.pipeline.curriculum.state.stage_cost)")
