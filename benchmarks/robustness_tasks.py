@@ -15,7 +15,7 @@ from cropi.tasks.remix import remix
 UNIFORM = {s: 1 / len(lists.SKILLS) for s in lists.SKILLS}
 
 
-@register_reward("hv_last_number", replace=True)
+@register_reward("robustness_last_number", replace=True)
 def last_number(text: str, answer: str) -> float:
     """A task's own reward: the last integer in the response is the answer."""
     found = re.findall(r"-?\d+", text)
@@ -28,7 +28,7 @@ _small = remix("smallpool", ("max",), UNIFORM, "a pool of 150")
 SMALLPOOL = dataclasses.replace(_small, sizes={**_small.sizes, "pool": 150})
 _tiny = remix("tinyval", ("max", "min"), UNIFORM, "a validation set of 10")
 TINYVAL = dataclasses.replace(_tiny, sizes={**_tiny.sizes, "val_max": 10, "val_min": 100})
-CUSTOM = dataclasses.replace(remix("custom", ("nth",), UNIFORM, "its own reward"), reward="hv_last_number")
+CUSTOM = dataclasses.replace(remix("custom", ("nth",), UNIFORM, "its own reward"), reward="robustness_last_number")
 # a second held-out reading of the default (docs/demo.md, fixed before its run): two targets no rule was chosen on
 PAIR = remix("pair", ("min", "above"), {"min": 0.1, "above": 0.1, "nth": 0.3, "after": 0.3, "max": 0.1, "before": 0.1},
              "min and above, a fifth of a pool that is mostly nth and after")
