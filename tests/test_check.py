@@ -491,6 +491,27 @@ def test_a_widened_fraction_is_its_share_of_the_pool_and_fraction_one_is_the_poo
     assert all(e["filled"] is None for e in parts if e["fraction"] == 0.5)
 
 
+def test_each_arm_of_a_checked_stage_trains_at_least_the_trainers_batch(setup, monkeypatch):
+    """ceil(0.25 * 24) = 6 picks an arm against a batch of 10 distinct prompts: both arms of the race train 10,
+    their 6 picks and 4 uniform draws from the rest of the pool, and the records count the fill (the stage's
+    selection for the primary, the part's ``filled`` for the other arm)."""
+    from cropi.data import load_prompts
+
+    trainer = PartTrainer()
+    trainer.options = LeanOptions(batch_prompts=10, rollouts=8, max_new_tokens=6)
+    _run(setup, monkeypatch, trainer, "check-batch", stages=1)
+    stage = json.loads((Path(setup["root"]) / "curricula" / "check-batch" / "state.json").read_text())["stages"][0]
+    race = {e["arm"]: e for e in stage["check"]["race"]}
+    assert set(race) == {"cropi", "diverse"} and all(e["n_prompts"] == 10 for e in race.values())
+    assert stage["selected"]["filled"] == 4 and race["cropi"]["subset"] == stage["selected"]["subset"]
+    assert race["diverse"]["filled"] == 4
+    side = json.loads(Path(race["diverse"]["subset"]).with_suffix(".json").read_text())
+    assert side == {"selected": 6, "filled": 4}
+    for e in race.values():
+        ids = [r.prompt_id for r in load_prompts(e["subset"])]
+        assert len(ids) == len(set(ids)) == 10
+
+
 def test_filling_draws_the_rest_of_the_pool_uniformly_and_keeps_the_pick_first():
     import random
 
