@@ -32,3 +32,6 @@ CUSTOM = dataclasses.replace(remix("custom", ("nth",), UNIFORM, "its own reward"
 # a second held-out reading of the default (docs/demo.md, fixed before its run): two targets no rule was chosen on
 PAIR = remix("pair", ("min", "above"), {"min": 0.1, "above": 0.1, "nth": 0.3, "after": 0.3, "max": 0.1, "before": 0.1},
              "min and above, a fifth of a pool that is mostly nth and after")
+# a third held-out reading (docs/demo.md, fixed before its run): the pool mostly the two skills the model is worst at
+SKEWED = remix("skewed", ("nth", "min"), {"nth": 0.1, "min": 0.1, "above": 0.3, "before": 0.3, "max": 0.1, "after": 0.1},
+               "nth and min, a fifth of a pool that is mostly above and before")
