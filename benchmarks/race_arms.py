@@ -22,18 +22,14 @@ import json
 import sys
 from pathlib import Path
 
+from cropi.demo.acceleration import area_under_curve
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_json  # noqa: E402
 
 ARM_SETS = (("cropi", "diverse"), ("cropi", "informative"), ("diverse", "informative"),
             ("cropi", "diverse", "informative"), ("cropi", "diverse", "full"))
 RACE_STEP = 10  # the race's part at the demo's settings (steps_per_stage 40 in 4 parts)
-
-
-def area(points: list[tuple[int, float]]) -> float:
-    """Trapezoids over the steps, normalised by the span (the report's AUC)."""
-    return sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:])) / (
-        points[-1][0] - points[0][0])
 
 
 def delayed(curve: dict, steps: int) -> list[tuple[int, float]]:
@@ -54,7 +50,8 @@ def race(report: dict, arms: tuple[str, ...], step: int = RACE_STEP) -> dict | N
     for seed in sorted(by_step[arms[0]]):
         read = {a: by_step[a][seed][str(step)]["sampled"] for a in arms}
         win = max(arms, key=lambda a: (read[a], -arms.index(a)))
-        winners[seed], aucs[seed] = win, round(area(delayed(by_step[win][seed], (len(arms) - 1) * step)), 4)
+        xs, ys = zip(*delayed(by_step[win][seed], (len(arms) - 1) * step))
+        winners[seed], aucs[seed] = win, round(area_under_curve(xs, ys), 4)  # the report's AUC
     return {"winners": winners, "auc_per_seed": aucs, "auc": round(sum(aucs.values()) / len(aucs), 4)}
 
 

@@ -50,13 +50,19 @@ def shipped_model(task: TaskLike = BENCHMARK_TASK) -> Path:
 
 
 def _shipped(task: Task) -> Optional[Path]:
+    return _start(task)[0]
+
+
+def _start(task: Task) -> tuple[Optional[Path], Optional[str]]:
     """The shipped model that is ``task``'s initial model: a built-in task's own, or, for a task defined elsewhere
     whose ``model_of`` names a built-in one (a remix of `lists`, say), that task's, where the shipped model's
-    recipe, warm-start prompts and answers are the task's own (``starts_as_shipped``)."""
+    recipe, warm-start prompts and answers are the task's own (``starts_as_shipped``); else None, and why not
+    where the task names a ``model_of`` whose shipped model exists."""
     folder = asset_dir(task)
     if not (folder / "config.json").is_file():
-        return None
-    return folder if task.name in BUILTIN or starts_as_shipped(task, folder) is None else None
+        return None, None
+    why = None if task.name in BUILTIN else starts_as_shipped(task, folder)
+    return (None, why if task.model_of else None) if why else (folder, None)
 
 
 def starts_as_shipped(task: Task, folder: Path) -> Optional[str]:
@@ -106,7 +112,7 @@ def place_model(out_dir: str | Path, task: Task, *, warm_start_now: bool = False
                 log: Optional[Callable[[str], None]] = None) -> Path:
     """Put the initial model of a demo run at ``out_dir``: the shipped one, or one warm-started now."""
     out = Path(out_dir)
-    shipped = _shipped(task)
+    shipped, why = _start(task)
     if shipped is not None and not warm_start_now:
         if log and task.name not in BUILTIN:
             log(f"the {task.name!r} task's initial model is the shipped {task.model_of} model (model_of: the same "
@@ -115,8 +121,6 @@ def place_model(out_dir: str | Path, task: Task, *, warm_start_now: bool = False
     if (out / RECIPE_FILE).is_file() and json.loads((out / RECIPE_FILE).read_text()).get("task") == task.name:
         return out  # built by an earlier, interrupted run of this demo
     if log:
-        why = (starts_as_shipped(task, asset_dir(task)) if (asset_dir(task) / "config.json").is_file()
-               and task.model_of else None)
         log(f"warm-starting the {task.name!r} task's initial model from its recipe "
             f"({'as asked' if warm_start_now else f'no shipped model: {why}' if why else 'no shipped model'})")
     # warm_start runs at TORCH_THREADS whatever this process's count (the demo places the model in its

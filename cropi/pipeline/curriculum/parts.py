@@ -389,11 +389,10 @@ class _Stage:
         if not path.is_file():
             ids = self.selector(arm, fraction)
             path.parent.mkdir(parents=True, exist_ok=True)
-            batch = steps.batch_of(self.trainer)
-            if self._fills(fraction) or len(ids) < batch:  # its count first: a kill before the subset is written
-                own, ids = len(ids), filled(                 # leaves none to reuse
-                    ids, list(self.pool), fraction if self._fills(fraction) else None,
-                    steps.fill_stream(self.config, self.m, arm, fraction), at_least=batch)
+            batch, widened = steps.batch_of(self.trainer), self._fills(fraction)
+            if widened or len(ids) < batch:  # its count first: a kill before the subset is written leaves none to reuse
+                own, ids = len(ids), filled(ids, list(self.pool), fraction if widened else None,
+                                            steps.fill_stream(self.config, self.m, arm, fraction), at_least=batch)
                 write_json_atomic(*resolve(str(path.with_suffix(".json"))),
                                   {"selected": own, "filled": len(ids) - own})
             write_verl_parquet([self.pool[p] for p in ids], str(path), split="train")
