@@ -8,8 +8,8 @@ validation reading a race takes: the same targets, sampled the same way, with mo
 unchecked curve then follows ``len(A) - 1`` spent parts at theta_0's accuracy. The checked run's later parts
 (its reversals, widening, re-races) are not modelled, so the default's own pair is read the same way beside the
 others, and the checked run's reported AUC is given next to it. Beside that, the stage-0 races the checked runs
-did take: each seed's lead of the winner over the loser on the validation sample, and the standard error of the
-winner's first part, which is how far the lead is resolved.
+did take: each seed's lead of the winner over the loser on the validation sample (how far it is resolved:
+benchmarks/race_noise.py).
 
     python benchmarks/race_arms.py --report lists=... --report skills=... --report conflict=... \\
         --report scarce=... --out benchmarks/results/demo                 ->  OUT/race_arms.json
@@ -56,19 +56,21 @@ def race(report: dict, arms: tuple[str, ...], step: int = RACE_STEP) -> dict | N
 
 
 def checked_races(report: dict, method: str = "checked") -> dict:
-    """Per seed, the stage-0 race the checked run took: its arms' readings, the winner's lead and the SE of the
-    winner's first part (its change against the stage start)."""
+    """Per seed, the stage-0 race the checked run took: the winner, the loser and the winner's lead; with its
+    paired SE and whether it is resolved where the report's checks carry the race's ``race_lead`` (reports
+    before it hold only the arms' objectives: benchmarks/race_noise.py reads the SE from the runs' records)."""
     out = {}
     for seed, stages in report.get("checks", {}).get(method, {}).items():
         rec = stages.get("0") or {}
-        entries, first = rec.get("race") or [], (rec.get("parts") or [{}])[0]
+        entries = rec.get("race") or []
         if len(entries) != 2:
             continue
         won = next(e for e in entries if e["race"] == "won")
         lost = next(e for e in entries if e["race"] == "lost")
-        lead = won["objective"] - lost["objective"]
-        out[seed] = {"won": won["arm"], "lost": lost["arm"], "lead": round(lead, 4), "se": first.get("se"),
-                     "lead_over_se": round(lead / first["se"], 2) if first.get("se") else None}
+        out[seed] = {"won": won["arm"], "lost": lost["arm"], "lead": round(won["objective"] - lost["objective"], 4)}
+        noise = rec.get("race_lead")
+        if noise:
+            out[seed] |= {k: noise[k] for k in ("se", "df", "critical", "resolved")}
     return out
 
 

@@ -96,6 +96,38 @@ def test_one_sets_margin_is_scipys_paired_t_test_and_two_sets_welchs():
     assert disagree["normal"] > 0  # the normal quantile is a different test on these small sets
 
 
+def test_a_races_lead_is_resolved_where_scipys_one_sided_paired_test_says_so():
+    """``race_lead`` against scipy: one set is the one-sided paired t-test of the winner's readings over the
+    loser's at level alpha (one comparison: no Bonferroni split), two sets Welch's; the lead, its SE and df are
+    the paired change's. An unpaired SE, the reversal's split level or a two-sided quantile would each disagree
+    on some of these draws."""
+    from scipy import stats
+
+    rng = np.random.default_rng(11)
+    checked = 0
+    for trial in range(300):
+        n_a, n_b = int(rng.integers(4, 30)), int(rng.integers(4, 30))
+        lose = {"a": rng.binomial(4, 0.4, n_a) / 4, "b": rng.binomial(4, 0.4, n_b) / 4}
+        lead = rng.uniform(0.0, 0.15)
+        win = {k: np.clip(v + lead + rng.normal(0, 0.2, len(v)), 0, 1) for k, v in lose.items()}
+        da, db = win["a"] - lose["a"], win["b"] - lose["b"]
+        if min(da.var(), db.var()) < 1e-4:
+            continue
+        one = stats.ttest_rel(win["a"], lose["a"], alternative="greater")
+        two = stats.ttest_ind(da, -db, equal_var=False, alternative="greater")
+        for sets, ref in (({"a"}, one), ({"a", "b"}, two)):
+            if abs(ref.pvalue - 0.05) < 1e-6:
+                continue
+            pick = lambda d: {k: d[k] for k in sets}  # noqa: E731
+            got = chk.race_lead(pick(win), pick(lose), 0.05, "t")
+            assert got["resolved"] is bool(ref.pvalue < 0.05), (trial, sets, got, ref.pvalue)
+            assert got["df"] == pytest.approx(float(ref.df), abs=0.01)
+            want = np.mean([np.mean(win[k] - lose[k]) for k in sets])
+            assert got["lead"] == pytest.approx(want, abs=1e-6)
+            checked += 1
+    assert checked > 400
+
+
 def test_under_no_change_the_t_margin_reverts_at_its_stated_rate_and_the_normal_one_above_it():
     """Simulated readings of two checkpoints that do not differ (k = 4 draws at per-prompt pass rates uniform in
     0.05-0.95, 5 prompts, one set; the screen's level 0.05 over 4 checks): the share of reversals with ``t`` is
@@ -303,6 +335,9 @@ def test_a_stage_that_helps_keeps_going_and_spends_exactly_its_steps(setup, monk
     first, second = _check(result, 0), _check(result, 1)
     assert first["checked"] and [e["race"] for e in first["race"]] == ["lost", "won"]
     assert first["race"][1]["arm"] == "diverse"  # the fallback's subset improved faster: it won the race
+    lead = first["race_lead"]  # scripted readings: every prompt moves alike, so the lead has no noise
+    assert lead["lead"] == pytest.approx(first["race"][1]["objective"] - first["race"][0]["objective"], abs=2e-6)
+    assert lead["lead"] > 0 and lead["se"] == 0 and lead["resolved"] is True and lead["alpha"] == 0.05
     assert [e["action"] for e in first["parts"]][1:] == ["kept"] * (len(first["parts"]) - 1)
     assert "helped" in first["end"]["cases"] and second["start"]["arm"] == "diverse"
     assert not second["race"]  # no reversal in stage 0: stage 1 goes on with the race's winner, no race
@@ -506,7 +541,13 @@ def test_each_arm_of_a_checked_stage_trains_at_least_the_trainers_batch(setup, m
     assert stage["selected"]["filled"] == 4 and race["cropi"]["subset"] == stage["selected"]["subset"]
     assert race["diverse"]["filled"] == 4
     side = json.loads(Path(race["diverse"]["subset"]).with_suffix(".json").read_text())
-    assert side == {"selected": 6, "filled": 4}
+    assert (side["selected"], side["filled"]) == (6, 4)
+    # the other arm's fill warns as the stage's own selection does: the same code and counts, in the part's record
+    (own,) = [w for w in stage["selected"]["diagnostics"]["warnings"] if w["code"] == "filled_to_batch"]
+    (other,) = race["diverse"]["warnings"]
+    assert other["code"] == own["code"] == "filled_to_batch" and other["message"].startswith("diverse selected 6")
+    assert (other["selected"], other["batch"], other["filled"]) == (own["selected"], own["batch"], own["filled"]) == (6, 10, 4)
+    assert "warnings" not in race["cropi"]  # the primary's subset is the stage's selection, warned there
     for e in race.values():
         ids = [r.prompt_id for r in load_prompts(e["subset"])]
         assert len(ids) == len(set(ids)) == 10

@@ -356,6 +356,12 @@ def _check_report(out, quick: DemoSettings, methods) -> dict:
                 assert sum(p["steps"] for p in record["parts"] + [r for r in record["race"] if r["race"] == "lost"]
                            ) == quick.steps_per_stage  # the race's losing part is spent from stage 0's steps
                 assert all(p["action"] for p in record["parts"]) and (m != "0" or len(record["race"]) == 2)
+                if len(record["race"]) == 2:  # the race's lead, paired on the validation sample, and its noise
+                    won, lost = sorted(record["race"], key=lambda r: r["race"] == "won", reverse=True)
+                    lead = record["race_lead"]
+                    assert lead["lead"] == pytest.approx(won["objective"] - lost["objective"], abs=2e-6)
+                    assert lead["se"] >= 0 and lead["resolved"] == (lead["lead"] > lead["critical"] * lead["se"])
+        assert "The races" in (out / "report.md").read_text()
         assert report["check_cases"][DEFAULT_METHOD]
     for png in report["plots"]:
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

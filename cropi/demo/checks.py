@@ -115,6 +115,7 @@ def markdown_lines(report: dict) -> list[str]:
             lines.append(f"| {method} | {m} | " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
                          + " | " + ", ".join(f"{k} {v}" for k, v in sorted(arms.items())) + " | "
                          + ", ".join(f"{k} {v}" for k, v in sorted(fractions.items())) + " |")
+    lines += _race_lines(records)
     shares = report.get("cost_shares") or {}
     if shares:
         lines += ["", "Training's seconds leave out the trainer's test-split evaluations (the curves' measurement).",
@@ -123,3 +124,22 @@ def markdown_lines(report: dict) -> list[str]:
             lines.append(f"| {method} | {s['checks_of_stage']:.1%} | {s['scoring_of_stage']:.1%} | "
                          f"{s['scoring_and_checks_over_training']:.2f} |")
     return lines + [""]
+
+
+def _race_lines(records: dict) -> list[str]:
+    """The races the checked stages ran: who won, by how much, its paired SE, and whether the sample resolved
+    the lead (``race_lead``; the race keeps the higher reading either way)."""
+    rows = [(method, seed, m, st["race_lead"], next(e["arm"] for e in st["race"] if e.get("race") == "won"))
+            for method, seeds in records.items() for seed, stages in seeds.items()
+            for m, st in sorted(stages.items(), key=lambda kv: int(kv[0])) if st.get("race_lead")]
+    if not rows:
+        return []
+    lines = ["", "The races (a stage's first part trained with each arm; the higher validation reading goes on). "
+             "The lead is paired (the same prompts and stream), resolved where it exceeds the one-sided critical "
+             "value at the check's alpha:", "",
+             "| method | seed | stage | won | lead | SE | lead / SE | resolved |", "|---|---|---|---|---|---|---|---|"]
+    for method, seed, m, lead, won in rows:
+        ratio = f"{lead['lead'] / lead['se']:.2f}" if lead["se"] else "-"
+        lines.append(f"| {method} | {seed} | {m} | {won} | {lead['lead']:+.3f} | {lead['se']:.3f} | {ratio} | "
+                     f"{'yes' if lead['resolved'] else 'no'} |")
+    return lines

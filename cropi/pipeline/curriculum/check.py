@@ -257,6 +257,19 @@ def judge(values: Mapping[str, np.ndarray], best: Mapping[str, np.ndarray], z: f
     return Verdict(objective(values), change, se, margin, "reverted" if change < -margin else "kept")
 
 
+def race_lead(winner: Mapping[str, np.ndarray], loser: Mapping[str, np.ndarray], alpha: float, test: str) -> dict:
+    """How far a race's winner read above its loser, and whether the sample resolves that lead: the paired change
+    of the winner's reading over the loser's (both arms are read on the same prompts and random stream), its SE
+    and degrees of freedom (``paired_change_df``), and the one-sided critical value at ``alpha`` for this one
+    comparison. Recorded beside the race, not acted on: the race keeps the arm that reads higher whatever this
+    says (docs/demo.md, "What a race resolves": on the six tasks measured, the arm that loses an unresolved race
+    did no better over the run than the one that won it, primary or not)."""
+    lead, se, df = paired_change_df(winner, loser)
+    level = critical(z_value(1 - alpha), df, test)
+    return {"lead": round(lead, 6), "se": round(se, 6), "df": round(df, 2), "critical": round(level, 4),
+            "alpha": alpha, "resolved": bool(lead > level * se)}
+
+
 def confirmed(screen: Verdict, fresh: Verdict) -> Verdict:
     """The screen's verdict, a reversal only if the fresh reading's own test (``judge`` on a new stream)
     reverts too; else ``unconfirmed`` (the part is kept)."""

@@ -9,10 +9,11 @@ curriculum resumes at the part it was in without repeating or losing a decision:
              expected share of all-equal groups, the two arms (primary selector, fallback)
     start    the arm and fraction the stage begins with, its checkpoint and objective
     race     stage 0, and a stage after a confirmed reversal: the first part trained with each arm from the
-             stage's start (the better goes on)
+             stage's start (the better goes on); ``race_lead``: how far it led, its SE, and whether resolved
     parts    per part: arm, fraction, steps, checkpoint (and with `widened: filled`, how many of a widened
-             subset's prompts the fill drew), the check's reading and action (and, when
-             the screen fired, its confirmation on held-out prompts and a fresh stream: `confirm`;
+             subset's prompts the fill drew; a subset short of a batch: its fill and its `warnings`), the
+             check's reading and action (and, when the screen fired, its confirmation on held-out prompts and
+             a fresh stream: `confirm`;
              with `at_whole_pool: keep`, a fall at the whole pool is `no_fallback` and the part kept)
     end      the stage's checkpoint, objective, case(s), the arm and fraction later stages take
 
@@ -220,6 +221,9 @@ class _Stage:
             entries.append(entry)
             self.state.save()
         winner = max(entries, key=lambda e: (e["objective"], e["arm"] == self.arms[0]))
+        loser = next(e for e in entries if e is not winner)
+        self.record["race_lead"] = chk.race_lead(chk.from_lists(winner["values"]), chk.from_lists(loser["values"]),
+                                                 self.opts.alpha, self.plan.get("test", "normal"))
         spent = start["spent"]
         for e in sorted(entries, key=lambda e: e is winner):  # the loser first, then the winner
             e["race"], e["spent_start"] = ("won" if e is winner else "lost"), spent
@@ -298,7 +302,7 @@ class _Stage:
         values, check_s = self._measure(result.checkpoint)
         share = result.metrics.get("zero_advantage_share")
         return {"index": j, "arm": arm, "fraction": fraction, "steps": result.steps_done, "subset": str(subset),
-                "n_prompts": len(load_prompts(str(subset))), "filled": self._filled_count(subset), "from": model,
+                "n_prompts": len(load_prompts(str(subset))), **self._fill_record(subset), "from": model,
                 "checkpoint": result.checkpoint,
                 "spent_start": spent, "lineage_start": result.global_step - result.steps_done,
                 "values": chk.as_lists(values), "objective": round(chk.objective(values), 6),
@@ -389,12 +393,16 @@ class _Stage:
         if not path.is_file():
             ids = self.selector(arm, fraction)
             path.parent.mkdir(parents=True, exist_ok=True)
-            batch, widened = steps.batch_of(self.trainer), self._fills(fraction)
-            if widened or len(ids) < batch:  # its count first: a kill before the subset is written leaves none to reuse
-                own, ids = len(ids), filled(ids, list(self.pool), fraction if widened else None,
-                                            steps.fill_stream(self.config, self.m, arm, fraction), at_least=batch)
+            batch, widened, own = steps.batch_of(self.trainer), self._fills(fraction), len(ids)
+            if widened or own < batch:  # its count first: a kill before the subset is written leaves none to reuse
+                if widened:  # filled to its share of the pool (and to a batch, should that share be smaller)
+                    stream, note = steps.fill_stream(self.config, self.m, arm, fraction), {}
+                    ids = filled(ids, list(self.pool), fraction, stream, at_least=batch)
+                else:  # short of one batch: the stage subset's own fill, and its warning
+                    ids, fill = steps.to_a_batch(self.config, self.m, self.pool, ids, arm, fraction, batch)
+                    note = {"warnings": [fill["warning"]]}
                 write_json_atomic(*resolve(str(path.with_suffix(".json"))),
-                                  {"selected": own, "filled": len(ids) - own})
+                                  {"selected": own, "filled": len(ids) - own} | note)
             write_verl_parquet([self.pool[p] for p in ids], str(path), split="train")
         return path
 
@@ -404,10 +412,12 @@ class _Stage:
         return self.plan.get("widened", "selection") == "filled" and fraction > self.config.select_fraction
 
     @staticmethod
-    def _filled_count(subset: Path) -> int | None:
-        """How many of a subset's prompts the fill drew (None: not filled)."""
+    def _fill_record(subset: Path) -> dict:
+        """How many of a subset's prompts the fill drew (``filled``, None: not filled), and what the fill of one short
+        of a batch warns of (``warnings``, only then; the primary's own subset carries it in the stage's selection)."""
         side = subset.with_suffix(".json")
-        return json.loads(side.read_text())["filled"] if side.is_file() else None
+        doc = json.loads(side.read_text()) if side.is_file() else {}
+        return {"filled": doc.get("filled")} | ({"warnings": doc["warnings"]} if doc.get("warnings") else {})
 
     def _lineage_end(self, checkpoint: str) -> int:
         """The trainer's step at ``checkpoint``: a part of this stage, or of an earlier one (a restored best)."""

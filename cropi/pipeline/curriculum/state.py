@@ -120,7 +120,7 @@ def check_summary(stage: dict) -> dict:
     if not trained.get("checked"):
         return {"checked": False, "reason": trained.get("unchecked") or record.get("unchecked")}
     keys = ("index", "arm", "fraction", "steps", "objective", "change", "se", "margin", "action", "zero_share",
-            "widened", "widened_by", "race", "n_prompts", "filled")
+            "widened", "widened_by", "race", "n_prompts", "filled", "warnings")
     start, end = record.get("start", {}), record.get("end", {})
 
     fresh_keys = ("objective", "change", "se", "margin", "action", "stream", "on", "prompts", "best_part", "best_stage")
@@ -131,7 +131,7 @@ def check_summary(stage: dict) -> dict:
 
     return {"checked": True, "plan": {k: v for k, v in record.get("plan", {}).items() if k != "variance"},
             "start": {"arm": start.get("arm"), "fraction": start.get("fraction"), "objective": start.get("objective")},
-            "race": [check(e) for e in record.get("race", [])],
+            "race": [check(e) for e in record.get("race", [])], "race_lead": record.get("race_lead"),
             "parts": [check(e) for e in record.get("parts", [])],
             "end": {k: end.get(k) for k in ("arm", "fraction", "objective", "change", "margin", "cases")} | (
                 {"best": _best_summary(start.get("best"))} if end else {})}
