@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from cropi.demo.acceleration import area_under_curve
+from cropi.pipeline.curriculum.state import race_sides
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_json  # noqa: E402
@@ -62,11 +63,10 @@ def checked_races(report: dict, method: str = "checked") -> dict:
     out = {}
     for seed, stages in report.get("checks", {}).get(method, {}).items():
         rec = stages.get("0") or {}
-        entries = rec.get("race") or []
-        if len(entries) != 2:
+        sides = race_sides(rec)
+        if sides is None:
             continue
-        won = next(e for e in entries if e["race"] == "won")
-        lost = next(e for e in entries if e["race"] == "lost")
+        won, lost = sides
         out[seed] = {"won": won["arm"], "lost": lost["arm"], "lead": round(won["objective"] - lost["objective"], 4)}
         noise = rec.get("race_lead")
         if noise:

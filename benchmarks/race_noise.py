@@ -21,6 +21,7 @@ from pathlib import Path
 
 from cropi.demo.acceleration import area_under_curve
 from cropi.pipeline.curriculum.check import CheckOptions, from_lists, race_lead
+from cropi.pipeline.curriculum.state import race_sides
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_json  # noqa: E402
@@ -41,11 +42,10 @@ def races(state: dict, alpha: float) -> list[dict]:
     stages = state["stages"]
     for m, stage in enumerate(stages if isinstance(stages, list) else [stages[k] for k in sorted(stages, key=int)]):
         record = stage.get("check") or {}
-        entries = record.get("race") or []
-        if len(entries) != 2:
+        sides = race_sides(record)
+        if sides is None:
             continue
-        won = next(e for e in entries if e["race"] == "won")
-        lost = next(e for e in entries if e["race"] == "lost")
+        won, lost = sides
         lead = race_lead(from_lists(won["values"]), from_lists(lost["values"]), alpha,
                          record["plan"].get("test", "normal"))
         out.append({"stage": m, "won": won["arm"], "lost": lost["arm"], "primary": record["plan"]["arms"][0]} | lead)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from cropi.pipeline.curriculum.state import race_sides
+
 
 def checked_methods(runs: list[dict]) -> set[str]:
     return {r["method"] for r in runs if any((st.get("checks") or {}).get("checked") for st in r["stages"])}
@@ -129,9 +131,9 @@ def markdown_lines(report: dict) -> list[str]:
 def _race_lines(records: dict) -> list[str]:
     """The races the checked stages ran: who won, by how much, its paired SE, and whether the sample resolved
     the lead (``race_lead``; the race keeps the higher reading either way)."""
-    rows = [(method, seed, m, st["race_lead"], next(e["arm"] for e in st["race"] if e.get("race") == "won"))
+    rows = [(method, seed, m, st["race_lead"], race_sides(st)[0]["arm"])
             for method, seeds in records.items() for seed, stages in seeds.items()
-            for m, st in sorted(stages.items(), key=lambda kv: int(kv[0])) if st.get("race_lead")]
+            for m, st in sorted(stages.items(), key=lambda kv: int(kv[0])) if st.get("race_lead") and race_sides(st)]
     if not rows:
         return []
     lines = ["", "The races (a stage's first part trained with each arm; the higher validation reading goes on). "

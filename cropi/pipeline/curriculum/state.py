@@ -137,6 +137,16 @@ def check_summary(stage: dict) -> dict:
                 {"best": _best_summary(start.get("best"))} if end else {})}
 
 
+def race_sides(record: dict) -> tuple[dict, dict] | None:
+    """A checked stage record's (or its ``check_summary``'s) race entries, the winner's and the loser's; None where
+    the stage ran no race."""
+    entries = record.get("race") or []
+    if len(entries) != 2:
+        return None
+    won = next(e for e in entries if e["race"] == "won")
+    return won, next(e for e in entries if e is not won)
+
+
 def stage_cost(stage: dict) -> dict:
     """A stage's seconds: scoring (its ranking, and re-selections for the check), checks, training, and apart
     from them ``evaluation``: the trainer's evaluations of the test splits (``eval_files``: the demo's curves),
