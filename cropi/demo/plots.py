@@ -53,8 +53,11 @@ def checks_plot(path: Path, records: dict) -> str:
     each part (x: steps into the stage), per seed, with the check's margin as an error bar; a cross marks a
     reversal (the stage went back to its best checkpoint and switched arm), a diamond a fall the fresh
     reading did not confirm (kept), a square a fall at the whole pool (kept: no fallback), a triangle a
-    widening."""
+    widening. A race's loser is a hollow circle at its step, joined to the winner by a solid line where the
+    lead is resolved (``race_lead``) and a dotted one where it is not."""
     import matplotlib.pyplot as plt
+
+    from cropi.pipeline.curriculum.state import race_sides
 
     method, seeds = sorted(records.items())[0]
     stages = sorted({m for st in seeds.values() for m in st}, key=int)
@@ -76,6 +79,13 @@ def checks_plot(path: Path, records: dict) -> str:
             line = ax.errorbar(xs, ys, yerr=errs, capsize=2, lw=1, alpha=0.8, label=f"seed {seed}")
             for xx, yy, mk in zip(xs, ys, marks):
                 ax.plot([xx], [yy], marker=mk, ms=7 if mk != "o" else 3, color=line[0].get_color())
+            sides = race_sides(rec)
+            if sides:
+                won, lost = sides
+                resolved = (rec.get("race_lead") or {}).get("resolved")
+                ax.plot([lost["steps"]] * 2, [lost["objective"], won["objective"]], ls="-" if resolved else ":",
+                        lw=1, color=line[0].get_color())
+                ax.plot([lost["steps"]], [lost["objective"]], marker="o", mfc="none", ms=6, color=line[0].get_color())
         ax.set_title(f"stage {m}")
         ax.set_xlabel("steps into the stage")
     axes[0][0].set_ylabel(f"{method}: validation objective")
