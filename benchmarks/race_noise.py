@@ -39,8 +39,7 @@ def seed_auc(report: dict, method: str, seed: str) -> float | None:
 def races(state: dict, alpha: float) -> list[dict]:
     """Every race of one checked curriculum (its ``state.json``): stage, arms, and ``race_lead``."""
     out = []
-    stages = state["stages"]
-    for m, stage in enumerate(stages if isinstance(stages, list) else [stages[k] for k in sorted(stages, key=int)]):
+    for m, stage in enumerate(state["stages"]):
         record = stage.get("check") or {}
         sides = race_sides(record)
         if sides is None:
@@ -108,8 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
             task, method = task.split(":", 1)
         tasks[task] = task_races(Path(path), reports[task], method, args.alpha)
     result = {"definition": __doc__.split("\n\n")[1].replace("\n", " "), "source": args.source, "alpha": args.alpha,
-              "tasks": tasks,
-              "stage0": summary(tasks)}
+              "tasks": tasks, "stage0": summary(tasks)}
     if args.out:
         write_json(args.out, "race_noise.json", result)
     print(json.dumps(result["stage0"], indent=1))
