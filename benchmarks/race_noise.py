@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from cropi.demo.acceleration import area_under_curve
+from cropi.demo.report import auc
 from cropi.pipeline.curriculum.check import CheckOptions, from_lists, race_lead
 from cropi.pipeline.curriculum.state import race_sides
 
@@ -28,12 +28,9 @@ from common import write_json  # noqa: E402
 
 
 def seed_auc(report: dict, method: str, seed: str) -> float | None:
-    """The run's AUC as the report computes it (sampled accuracy over its evaluated steps); None if not run."""
-    curve = report.get("accuracy_by_step", {}).get(method, {}).get(seed)
-    if not curve:
-        return None
-    xs = sorted(int(s) for s in curve)
-    return area_under_curve(xs, [curve[str(x)]["sampled"] for x in xs])
+    """The run's AUC as the report computes it (cropi.demo.report.auc); None if not run."""
+    by_step = report.get("accuracy_by_step", {})
+    return auc(by_step, method)["per_seed"].get(seed) if method in by_step else None
 
 
 def races(state: dict, alpha: float) -> list[dict]:

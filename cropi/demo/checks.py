@@ -131,17 +131,19 @@ def markdown_lines(report: dict) -> list[str]:
 def _race_lines(records: dict) -> list[str]:
     """The races the checked stages ran: who won, by how much, its paired SE, and whether the sample resolved
     the lead (``race_lead``; the race keeps the higher reading either way)."""
-    rows = [(method, seed, m, st["race_lead"], race_sides(st)[0]["arm"])
-            for method, seeds in records.items() for seed, stages in seeds.items()
-            for m, st in sorted(stages.items(), key=lambda kv: int(kv[0])) if st.get("race_lead") and race_sides(st)]
+    rows = []
+    for method, seeds in records.items():
+        for seed, stages in seeds.items():
+            for m, st in sorted(stages.items(), key=lambda kv: int(kv[0])):
+                lead, sides = st.get("race_lead"), race_sides(st)
+                if not (lead and sides):
+                    continue
+                ratio = f"{lead['lead'] / lead['se']:.2f}" if lead["se"] else "-"
+                rows.append(f"| {method} | {seed} | {m} | {sides[0]['arm']} | {lead['lead']:+.3f} | {lead['se']:.3f} "
+                            f"| {ratio} | {'yes' if lead['resolved'] else 'no'} |")
     if not rows:
         return []
-    lines = ["", "The races (a stage's first part trained with each arm; the higher validation reading goes on). "
-             "The lead is paired (the same prompts and stream), resolved where it exceeds the one-sided critical "
-             "value at the check's alpha:", "",
-             "| method | seed | stage | won | lead | SE | lead / SE | resolved |", "|---|---|---|---|---|---|---|---|"]
-    for method, seed, m, lead, won in rows:
-        ratio = f"{lead['lead'] / lead['se']:.2f}" if lead["se"] else "-"
-        lines.append(f"| {method} | {seed} | {m} | {won} | {lead['lead']:+.3f} | {lead['se']:.3f} | {ratio} | "
-                     f"{'yes' if lead['resolved'] else 'no'} |")
-    return lines
+    return ["", "The races (a stage's first part trained with each arm; the higher validation reading goes on). "
+            "The lead is paired (the same prompts and stream), resolved where it exceeds the one-sided critical "
+            "value at the check's alpha:", "",
+            "| method | seed | stage | won | lead | SE | lead / SE | resolved |", "|---|---|---|---|---|---|---|---|", *rows]

@@ -395,9 +395,10 @@ class _Stage:
             path.parent.mkdir(parents=True, exist_ok=True)
             batch, widened, own = steps.batch_of(self.trainer), self._fills(fraction), len(ids)
             if widened or own < batch:  # its count first: a kill before the subset is written leaves none to reuse
+                note = {}
                 if widened:  # filled to its share of the pool (and to a batch, should that share be smaller)
-                    stream, note = steps.fill_stream(self.config, self.m, arm, fraction), {}
-                    ids = filled(ids, list(self.pool), fraction, stream, at_least=batch)
+                    ids = filled(ids, list(self.pool), fraction, steps.fill_stream(self.config, self.m, arm, fraction),
+                                 at_least=batch)
                 else:  # short of one batch: the stage subset's own fill, and its warning
                     ids, fill = steps.to_a_batch(self.config, self.m, self.pool, ids, arm, fraction, batch)
                     note = {"warnings": [fill["warning"]]}
