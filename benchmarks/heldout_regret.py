@@ -1,0 +1,72 @@
+"""The default against every fixed rule across held-out tasks: each method's AUC regret (the task's best AUC among
+the compared methods, less the method's own), per task and summed up per method (read from demo reports; no run).
+
+A rule a user can trust on a task nobody chose it on is one whose regret stays small on every task, not only on
+average: the mean regret answers "closest to each task's best", the worst regret "how far off on the worst task",
+and ``within`` counts the tasks where the method is within ``--within`` (the issue's 0.02) of the best.
+
+    python benchmarks/heldout_regret.py --report pair=PATH/report.json --report skewed=... [--within 0.02] \\
+        [--methods checked,cropi,diverse,informative,full] [--source TEXT] --out DIR   -> DIR/heldout_regret.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_json  # noqa: E402
+
+METHODS = ("checked", "cropi", "diverse", "informative", "full")  # the default and the four it must answer to
+
+
+def regrets(reports: dict[str, dict], methods: tuple[str, ...]) -> dict[str, dict]:
+    """task -> {"auc": {method: mean AUC}, "best": method, "regret": {method: best AUC - its AUC}}."""
+    out = {}
+    for task, report in reports.items():
+        missing = [m for m in methods if m not in report["auc_by_method"]]
+        if missing:
+            raise SystemExit(f"the {task} report has no run of {', '.join(missing)}: run its demo with them, or "
+                             f"leave them out of --methods")
+        auc = {m: report["auc_by_method"][m]["mean"] for m in methods}
+        best = max(methods, key=auc.get)
+        out[task] = {"auc": {m: round(v, 4) for m, v in auc.items()}, "best": best,
+                     "regret": {m: round(auc[best] - auc[m], 4) for m in methods}}
+    return out
+
+
+def summary(tasks: dict[str, dict], methods: tuple[str, ...], within: float) -> dict[str, dict]:
+    """method -> its mean and worst regret over the tasks, the task of the worst, and the tasks within ``within``."""
+    out = {}
+    for m in methods:
+        r = {task: t["regret"][m] for task, t in tasks.items()}
+        worst = max(r, key=r.get)
+        out[m] = {"mean": round(sum(r.values()) / len(r), 4), "worst": r[worst], "worst_task": worst,
+                  "within": sum(v <= within + 1e-12 for v in r.values()), "best_on": sum(tasks[t]["best"] == m for t in r),
+                  "of": len(r)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--report", action="append", required=True, help="TASK=path/to/report.json")
+    ap.add_argument("--methods", default=",".join(METHODS), help="the methods compared (each report must have them)")
+    ap.add_argument("--within", type=float, default=0.02, help="a regret this small counts as at the task's best")
+    ap.add_argument("--source", default="", help="which committed reports these are, as a reader elsewhere finds them")
+    ap.add_argument("--out", type=Path, help="folder for heldout_regret.json")
+    args = ap.parse_args(argv)
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    reports = {t: json.loads(Path(p).read_text()) for t, p in (x.split("=", 1) for x in args.report)}
+    tasks = regrets(reports, methods)
+    result = {"definition": __doc__.split("\n\n")[0].replace("\n", " "), "source": args.source, "within": args.within,
+              "methods": list(methods), "tasks": tasks, "summary": summary(tasks, methods, args.within)}
+    if args.out:
+        write_json(args.out, "heldout_regret.json", result)
+    print(json.dumps(result["summary"], indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""benchmarks/heldout_regret.py: each method's regret against the task's best, its mean, worst and count within the
+margin, against hand-built reports and by-hand sums."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "heldout_regret.py"
+_spec = importlib.util.spec_from_file_location("heldout_regret", _PATH)
+regret = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(regret)
+
+
+def _report(tmp_path: Path, task: str, aucs: dict) -> str:
+    path = tmp_path / f"{task}.json"
+    path.write_text(json.dumps({"auc_by_method": {m: {"mean": v, "per_seed": {"0": v}} for m, v in aucs.items()}}))
+    return f"{task}={path}"
+
+
+def test_regret_mean_worst_and_within(tmp_path):
+    a = _report(tmp_path, "a", {"checked": 0.40, "cropi": 0.30, "full": 0.41})          # full best; checked 0.01 off
+    b = _report(tmp_path, "b", {"checked": 0.50, "cropi": 0.55, "full": 0.44})          # cropi best; checked 0.05 off
+    c = _report(tmp_path, "c", {"checked": 0.20, "cropi": 0.18, "full": 0.10, "x": 1})  # checked best; x not compared
+    out = regret.main(["--report", a, "--report", b, "--report", c, "--methods", "checked,cropi,full",
+                       "--out", str(tmp_path)])
+    t = out["tasks"]
+    assert t["a"]["best"] == "full" and t["b"]["best"] == "cropi" and t["c"]["best"] == "checked"
+    assert t["a"]["regret"] == {"checked": 0.01, "cropi": 0.11, "full": 0.0}
+    s = out["summary"]
+    assert s["checked"]["mean"] == pytest.approx((0.01 + 0.05 + 0.0) / 3, abs=1e-4)
+    assert s["checked"]["worst"] == 0.05 and s["checked"]["worst_task"] == "b"
+    assert s["checked"]["within"] == 2 and s["checked"]["best_on"] == 1 and s["checked"]["of"] == 3
+    # within counts a regret equal to the margin as within it (0.02 is "at least the best minus 0.02")
+    assert s["cropi"]["within"] == 2  # b (0) and c (0.02), not a (0.11)
+    assert s["full"]["worst"] == 0.11 and s["full"]["worst_task"] == "b"
+    assert json.loads((tmp_path / "heldout_regret.json").read_text())["summary"] == s
+
+
+def test_a_report_without_a_compared_method_is_named(tmp_path):
+    a = _report(tmp_path, "a", {"checked": 0.4, "full": 0.41})
+    with pytest.raises(SystemExit, match="the a report has no run of cropi"):
+        regret.main(["--report", a, "--methods", "checked,cropi,full"])
