@@ -130,6 +130,19 @@ def write_json(out: Path, name: str, payload: dict) -> Path:
     return path
 
 
+def task_reports(items: list[str]) -> dict[str, dict]:
+    """``TASK=path/to/report.json`` items (a reading script's ``--report``): task -> the report."""
+    return {task: json.loads(Path(path).read_text()) for task, path in (item.split("=", 1) for item in items)}
+
+
+def emit(out: Path | None, name: str, result: dict, shown: str) -> dict:
+    """A reading script's end: ``result`` as ``out/name`` where ``--out`` was given, its ``shown`` part printed."""
+    if out:
+        write_json(out, name, result)
+    print(json.dumps(result[shown], indent=1))
+    return result
+
+
 def interleaved(fns: dict, items: list, chunk: int) -> dict[str, list[float]]:
     """Each side's seconds per chunk of ``items``: every side runs every chunk, the sides' order rotating
     from chunk to chunk, so load on a shared machine hits all of them alike."""

@@ -12,12 +12,11 @@ and ``within`` counts the tasks where the method is within ``--within`` (the iss
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_json  # noqa: E402
+from common import emit, task_reports  # noqa: E402
 
 METHODS = ("checked", "cropi", "diverse", "informative", "full")  # the default and the four it must answer to
 
@@ -58,14 +57,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, help="folder for heldout_regret.json")
     args = ap.parse_args(argv)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    reports = {t: json.loads(Path(p).read_text()) for t, p in (x.split("=", 1) for x in args.report)}
+    reports = task_reports(args.report)
     tasks = regrets(reports, methods)
     result = {"definition": __doc__.split("\n\n")[0].replace("\n", " "), "source": args.source, "within": args.within,
               "methods": list(methods), "tasks": tasks, "summary": summary(tasks, methods, args.within)}
-    if args.out:
-        write_json(args.out, "heldout_regret.json", result)
-    print(json.dumps(result["summary"], indent=1))
-    return result
+    return emit(args.out, "heldout_regret.json", result, "summary")
 
 
 if __name__ == "__main__":

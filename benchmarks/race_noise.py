@@ -24,7 +24,7 @@ from cropi.pipeline.curriculum.check import CheckOptions, from_lists, race_lead
 from cropi.pipeline.curriculum.state import race_sides
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_json  # noqa: E402
+from common import emit, task_reports  # noqa: E402
 
 
 def seed_auc(report: dict, method: str, seed: str) -> float | None:
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                  "finds them (the run folders' paths are this machine's: not recorded)")
     ap.add_argument("--out", type=Path, help="folder for race_noise.json")
     args = ap.parse_args(argv)
-    reports = {t: json.loads(Path(p).read_text()) for t, p in (x.split("=", 1) for x in args.report)}
+    reports = task_reports(args.report)
     tasks = {}
     for item in args.runs:
         task, path = item.split("=", 1)
@@ -105,10 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
         tasks[task] = task_races(Path(path), reports[task], method, args.alpha)
     result = {"definition": __doc__.split("\n\n")[1].replace("\n", " "), "source": args.source, "alpha": args.alpha,
               "tasks": tasks, "stage0": summary(tasks)}
-    if args.out:
-        write_json(args.out, "race_noise.json", result)
-    print(json.dumps(result["stage0"], indent=1))
-    return result
+    return emit(args.out, "race_noise.json", result, "stage0")
 
 
 if __name__ == "__main__":
