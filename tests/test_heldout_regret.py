@@ -36,6 +36,12 @@ def test_regret_mean_worst_and_within(tmp_path):
     assert s["cropi"]["within"] == 2  # b (0) and c (0.02), not a (0.11)
     assert s["full"]["worst"] == 0.11 and s["full"]["worst_task"] == "b"
     assert json.loads((tmp_path / "heldout_regret.json").read_text())["summary"] == s
+    # the default (the first method) against full: differences -0.01, +0.06, +0.10 over the three tasks
+    v = out["checked_versus"]["full"]
+    d = [-0.01, 0.06, 0.10]
+    mean = sum(d) / 3
+    assert v["mean_difference"] == pytest.approx(mean, abs=1e-4) and v["higher_on"] == 2 and v["of"] == 3
+    assert v["se"] == pytest.approx((sum((x - mean) ** 2 for x in d) / 2 / 3) ** 0.5, abs=1e-4)  # n - 1: unbiased
 
 
 def test_a_report_without_a_compared_method_is_named(tmp_path):
