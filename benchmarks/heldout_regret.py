@@ -6,7 +6,8 @@ average: the mean regret answers "closest to each task's best", the worst regret
 and ``within`` counts the tasks where the method is within ``--within`` (the issue's 0.02) of the best.
 
     python benchmarks/heldout_regret.py --report pair=PATH/report.json --report skewed=... [--within 0.02] \\
-        [--methods checked,cropi,diverse,informative,full] [--source TEXT] --out DIR   -> DIR/heldout_regret.json
+        [--methods checked,cropi,diverse,informative,full] [--source TEXT] --out DIR
+    -> DIR/heldout_regret.json, DIR/heldout_regret.png (each method's regret per task, bars side by side)
 """
 
 from __future__ import annotations
@@ -62,6 +63,31 @@ def versus(tasks: dict[str, dict], methods: tuple[str, ...]) -> dict[str, dict]:
     return out
 
 
+def plot(path: Path, tasks: dict[str, dict], methods: tuple[str, ...], within: float) -> Path:
+    """Each method's regret per task as bars side by side, the ``within`` margin dashed; the methods' colours are
+    the demo's (cropi.demo.plots.color)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from cropi.demo.plots import color
+
+    names, width = list(tasks), 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(1.2 * len(names) + 2, 3.6))
+    for i, m in enumerate(methods):
+        ax.bar([x + (i - (len(methods) - 1) / 2) * width for x in range(len(names))],
+               [tasks[t]["regret"][m] for t in names], width, color=color(m), label=m)
+    ax.axhline(within, color="black", lw=0.8, ls="--", label=f"within {within:g} of the best")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("regret: the task's best AUC - the method's")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--report", action="append", required=True, help="TASK=path/to/report.json")
@@ -75,6 +101,9 @@ def main(argv: list[str] | None = None) -> dict:
     tasks = regrets(reports, methods)
     result = {"definition": __doc__.split("\n\n")[0].replace("\n", " "), "source": args.source, "within": args.within,
               "methods": list(methods), "tasks": tasks, "summary": summary(tasks, methods, args.within), f"{methods[0]}_versus": versus(tasks, methods)}
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot(args.out / "heldout_regret.png", tasks, methods, args.within)
     return emit(args.out, "heldout_regret.json", result, "summary")
 
 

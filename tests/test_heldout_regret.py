@@ -36,6 +36,7 @@ def test_regret_mean_worst_and_within(tmp_path):
     assert s["cropi"]["within"] == 2  # b (0) and c (0.02), not a (0.11)
     assert s["full"]["worst"] == 0.11 and s["full"]["worst_task"] == "b"
     assert json.loads((tmp_path / "heldout_regret.json").read_text())["summary"] == s
+    assert (tmp_path / "heldout_regret.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the default (the first method) against full: differences -0.01, +0.06, +0.10 over the three tasks
     v = out["checked_versus"]["full"]
     d = [-0.01, 0.06, 0.10]
