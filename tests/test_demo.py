@@ -575,6 +575,24 @@ def test_a_variant_that_enables_the_check_runs_checked_like_the_default():
     assert settings.trainer_options({}, "cropi", val)["stage_eval_files"] == val
 
 
+def test_a_variant_may_name_its_own_selector():
+    """``checked_norace`` (exploratory, docs/demo.md) is a checked curriculum on ``diverse`` without the race, CROPI's
+    rule its fallback; the selector is the curriculum's, not a field passed twice; the others stay on CROPI's rule."""
+    from cropi.demo.runner import curriculum_config
+    from cropi.demo.settings import selection_of
+
+    settings = DemoSettings.make(quick=True, methods=("checked_norace", "checked", "full"))
+    task = settings.load_task()
+    data = {k: f"/data/{k}.jsonl" for k in ("pool", *task.validation_splits(), *task.test_splits())}
+    norace = curriculum_config(settings, task, "checked_norace", 1, "/model", data)
+    assert norace.selector == "diverse" and norace.ranks
+    assert (norace.check.enabled, norace.check.race, norace.check.fallback) == (True, False, "cropi")
+    default = curriculum_config(settings, task, DEFAULT_METHOD, 1, "/model", data)
+    assert default.selector == "cropi" and default.check.race and default.check.fallback == "diverse"
+    assert [selection_of(m) for m in ("checked_rev11", "cropi_theta", "diverse", "iif")] == ["cropi", "cropi",
+                                                                                              "diverse", "full"]
+
+
 def test_the_checked_curriculum_refreshes_its_blind_spot_unless_told_otherwise():
     """Issue 32's revision 10: a checked curriculum with a ranking selector refreshes theta_0's all-equal groups
     by status at the decision point with no cap (revision 9, ``status``, refreshes mixed groups too); an explicit

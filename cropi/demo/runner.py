@@ -143,8 +143,9 @@ def curriculum_config(settings: DemoSettings, task: Task, method: str, seed: int
 
 
 def _variant(settings: DemoSettings, method: str) -> dict:
-    """The curriculum fields a method sets beyond its selector: the checked methods' check, with the demo's samples."""
-    variant = VARIANTS.get(method, {})
+    """The curriculum fields a method sets beyond its selector (``selection_of``): the checked methods' check, with
+    the demo's samples."""
+    variant = {k: v for k, v in VARIANTS.get(method, {}).items() if k != "selector"}
     check = variant["check"] | {"samples": settings.check_samples} if is_checked(method) else {"enabled": False}
     return variant | {"check": check}
 

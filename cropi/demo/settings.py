@@ -22,7 +22,8 @@ from cropi.tasks.base import DEFAULT_TASK, POOL, Task, load_task
 DEFAULT_METHOD = "checked"
 METHODS = (DEFAULT_METHOD, "cropi", "diverse", "full", "informative")
 CONTROLS = ("random", "pass_rate", "oracle")
-# CROPI with one scoring option changed (opt-in with ``methods``): demo method -> curriculum config fields.
+# CROPI with one scoring option changed (opt-in with ``methods``): demo method -> curriculum config fields; a
+# ``selector`` there replaces CROPI's rule as the curriculum's selector (``selection_of``).
 VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": True}},
                                        "cropi_by_answer": {"validation_groups": "answer"},
                                        "cropi_theta": {"loss": {"advantage": "theta"}},
@@ -41,7 +42,12 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "checked_rev10": {"check": {"enabled": True, "widened": "selection"}},
                                        # revision 11: every stage's sample sized from theta_0's variance, no floor
                                        # (the default sizes it at the stage's start: revision 12)
-                                       "checked_rev11": {"check": {"enabled": True, "sizing": "theta_0"}}}
+                                       "checked_rev11": {"check": {"enabled": True, "sizing": "theta_0"}},
+                                       # exploratory after the held-out readings (docs/demo.md): no race, diverse
+                                       # the primary arm and CROPI's rule the fallback; the rest revision 12
+                                       "checked_norace": {"selector": "diverse",
+                                                          "check": {"enabled": True, "race": False,
+                                                                    "fallback": "cropi"}}}
 
 
 def is_checked(method: str) -> bool:
@@ -191,7 +197,9 @@ def known_methods() -> list[str]:
 
 def selection_of(method: str) -> str:
     """The selector a demo method's curriculum uses."""
-    return ONLINE_METHODS[method][0] if method in ONLINE_METHODS else "cropi" if method in VARIANTS else method
+    if method in ONLINE_METHODS:
+        return ONLINE_METHODS[method][0]
+    return VARIANTS[method].get("selector", "cropi") if method in VARIANTS else method
 
 
 def _largest(task: Task) -> dict[str, int]:
