@@ -44,8 +44,8 @@ def summary(tasks: dict[str, dict], methods: tuple[str, ...], within: float) -> 
         r = {task: t["regret"][m] for task, t in tasks.items()}
         worst = max(r, key=r.get)
         out[m] = {"mean": round(sum(r.values()) / len(r), 4), "worst": r[worst], "worst_task": worst,
-                  "within": sum(v <= within + 1e-12 for v in r.values()), "best_on": sum(tasks[t]["best"] == m for t in r),
-                  "of": len(r)}
+                  "within": sum(v <= within + 1e-12 for v in r.values()),
+                  "best_on": sum(tasks[t]["best"] == m for t in r), "of": len(r)}
     return out
 
 
@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> dict:
     reports = task_reports(args.report)
     tasks = regrets(reports, methods)
     result = {"definition": __doc__.split("\n\n")[0].replace("\n", " "), "source": args.source, "within": args.within,
-              "methods": list(methods), "tasks": tasks, "summary": summary(tasks, methods, args.within), f"{methods[0]}_versus": versus(tasks, methods)}
+              "methods": list(methods), "tasks": tasks, "summary": summary(tasks, methods, args.within),
+              f"{methods[0]}_versus": versus(tasks, methods)}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         plot(args.out / "heldout_regret.png", tasks, methods, args.within)
