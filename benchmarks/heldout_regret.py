@@ -8,29 +8,44 @@ and ``within`` counts the tasks where the method is within ``--within`` (the iss
     python benchmarks/heldout_regret.py --report pair=PATH/report.json --report skewed=... [--within 0.02] \\
         [--methods checked,cropi,diverse,informative,full] [--source TEXT] --out DIR
     -> DIR/heldout_regret.json, DIR/heldout_regret.png (each method's regret per task, bars side by side)
+
+A task may be given more than once (a method's rerun beside the committed report): its methods come from every
+report given for it, from the first where two hold the same method.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, task_reports  # noqa: E402
+from common import emit  # noqa: E402
 
 METHODS = ("checked", "cropi", "diverse", "informative", "full")  # the default and the four it must answer to
 
 
-def regrets(reports: dict[str, dict], methods: tuple[str, ...]) -> dict[str, dict]:
+def task_aucs(items: list[str]) -> dict[str, dict[str, dict]]:
+    """``TASK=path/to/report.json`` items: task -> method -> the report's ``auc_by_method`` entry, every report
+    given for a task contributing its methods, the first given where two hold the same method."""
+    out: dict[str, dict[str, dict]] = {}
+    for item in items:
+        task, path = item.split("=", 1)
+        for method, entry in json.loads(Path(path).read_text())["auc_by_method"].items():
+            out.setdefault(task, {}).setdefault(method, entry)
+    return out
+
+
+def regrets(aucs: dict[str, dict[str, dict]], methods: tuple[str, ...]) -> dict[str, dict]:
     """task -> {"auc": {method: mean AUC}, "best": method, "regret": {method: best AUC - its AUC}}."""
     out = {}
-    for task, report in reports.items():
-        missing = [m for m in methods if m not in report["auc_by_method"]]
+    for task, by_method in aucs.items():
+        missing = [m for m in methods if m not in by_method]
         if missing:
             raise SystemExit(f"the {task} report has no run of {', '.join(missing)}: run its demo with them, or "
                              f"leave them out of --methods")
-        auc = {m: report["auc_by_method"][m]["mean"] for m in methods}
+        auc = {m: by_method[m]["mean"] for m in methods}
         best = max(methods, key=auc.get)
         out[task] = {"auc": {m: round(v, 4) for m, v in auc.items()}, "best": best,
                      "regret": {m: round(auc[best] - auc[m], 4) for m in methods}}
@@ -90,22 +105,22 @@ def plot(path: Path, tasks: dict[str, dict], methods: tuple[str, ...], within: f
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--report", action="append", required=True, help="TASK=path/to/report.json")
+    ap.add_argument("--report", action="append", required=True,
+                    help="TASK=path/to/report.json (a task again: more of its methods, the first report's kept)")
     ap.add_argument("--methods", default=",".join(METHODS), help="the methods compared (each report must have them)")
     ap.add_argument("--within", type=float, default=0.02, help="a regret this small counts as at the task's best")
     ap.add_argument("--source", default="", help="which committed reports these are, as a reader elsewhere finds them")
     ap.add_argument("--out", type=Path, help="folder for heldout_regret.json")
     args = ap.parse_args(argv)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    reports = task_reports(args.report)
-    tasks = regrets(reports, methods)
+    tasks = regrets(task_aucs(args.report), methods)
     result = {"definition": __doc__.split("\n\n")[0].replace("\n", " "), "source": args.source, "within": args.within,
               "methods": list(methods), "tasks": tasks, "summary": summary(tasks, methods, args.within),
               f"{methods[0]}_versus": versus(tasks, methods)}
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
+    emit(args.out, "heldout_regret.json", result, "summary")
+    if args.out:  # emit made the folder
         plot(args.out / "heldout_regret.png", tasks, methods, args.within)
-    return emit(args.out, "heldout_regret.json", result, "summary")
+    return result
 
 
 if __name__ == "__main__":

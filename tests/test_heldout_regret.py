@@ -49,3 +49,14 @@ def test_a_report_without_a_compared_method_is_named(tmp_path):
     a = _report(tmp_path, "a", {"checked": 0.4, "full": 0.41})
     with pytest.raises(SystemExit, match="the a report has no run of cropi"):
         regret.main(["--report", a, "--methods", "checked,cropi,full"])
+
+
+def test_a_task_given_twice_takes_the_methods_of_both_the_first_where_they_overlap(tmp_path):
+    """A rerun beside the committed report: its new method joins, and a method both hold (full, rerun elsewhere)
+    keeps the first report's value."""
+    committed = _report(tmp_path, "a", {"checked": 0.40, "full": 0.41})
+    (tmp_path / "rerun").mkdir()
+    rerun = _report(tmp_path / "rerun", "a", {"variant": 0.45, "full": 0.30})
+    out = regret.main(["--report", committed, "--report", rerun, "--methods", "variant,checked,full"])
+    assert out["tasks"]["a"]["auc"] == {"variant": 0.45, "checked": 0.40, "full": 0.41}
+    assert out["tasks"]["a"]["best"] == "variant" and out["variant_versus"]["full"]["mean_difference"] == 0.04
