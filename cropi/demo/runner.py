@@ -40,6 +40,10 @@ from cropi.demo.settings import ONLINE_METHODS, VARIANTS, DemoSettings, is_check
 from cropi.demo.work import init_worker, ready, run_collect, run_gradients, run_method
 from cropi.pipeline.curriculum import (CollectOptions, CurriculumConfig, CurriculumPaths, collect_jobs,
                                        gradient_jobs, scoring_splits)
+from cropi.pipeline.rank import silent_validation
+from cropi.scoring.influence import no_signal_error
+from cropi.scoring.ranking import silent_warning
+from cropi.selection import RANKING_SELECTORS
 from cropi.tasks.base import Task
 from cropi.utils.fsio import resolve, write_json_atomic
 
@@ -174,7 +178,23 @@ def _score_initial(pool, settings: DemoSettings, config: CurriculumConfig, root:
     jobs = gradient_jobs(config, CurriculumPaths(root, config.name), model, trajectories)
     n = _shards(settings)
     done = _wait([pool.submit(run_gradients, job.model_dump(mode="json"), (i, n)) for job in jobs for i in range(n)])
+    _validation_signal(settings, config, jobs[0])
     return any(sum(r["computed"].values()) for r in done)
+
+
+def _validation_signal(settings: DemoSettings, config: CurriculumConfig, job) -> None:
+    """Before any training: say which targeted validation sets carry no gradient at theta_0 (their rankings go
+    on without them), and refuse, naming them, when none does and a method ranks by influence (its first stage
+    would fail after the others had trained)."""
+    silent = silent_validation(job.store, job.checkpoint_name, list(config.validation))
+    if not silent:
+        return
+    ranking = [m for m in settings.methods if selection_of(m) in RANKING_SELECTORS]
+    if len(silent) == len(config.validation) and ranking:
+        raise no_signal_error(silent)
+    signal = sorted(set(config.validation) - set(silent))
+    say(f"warning: {silent_warning(silent, signal)['message']}" if signal else
+        f"warning: no validation set carries a gradient at theta_0 ({', '.join(silent)}); no method here ranks")
 
 
 def _train(pool, configs: list[CurriculumConfig], root: str) -> list[dict]:

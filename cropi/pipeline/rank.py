@@ -21,6 +21,7 @@ from cropi.contracts import GRADIENT_OPTIONAL_COLUMNS, NAME_PATTERN, POOL, SELEC
 from cropi.errors import CropiError, InvalidInputError, NotFoundError
 from cropi.projection.spec import ProjectionSpec
 from cropi.scoring import Ranking, rank_pool
+from cropi.scoring.influence import silent_sets
 from cropi.scoring.diagnostics import alignment, selection_mix
 from cropi.selection import DEFAULT_SELECTOR, RANKING_SELECTORS, SELECTORS, SelectionInputs, get_selector, select
 from cropi.store import GradientStore, rankings
@@ -183,6 +184,14 @@ def find_spec_id(store: str, name: str, spec_id: str | None, split: str) -> str:
     return found[0]
 
 
+def silent_validation(store: str, name: str, validation: list[str], spec_id: str | None = None) -> dict:
+    """The validation splits of a scored checkpoint without one ``ok`` prompt, with their status counts
+    (cropi.scoring.influence.silent_sets): a ranking leaves them out, and refuses when all are."""
+    gs = GradientStore(store)
+    return silent_sets({v: list(gs.open_split(name, find_spec_id(store, name, spec_id, v), v).read()
+                                .columns["status"]) for v in validation})
+
+
 def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str = "rrf",
          top_fraction: float | None = None, spec_id: str | None = None, max_validation: int = 100,
          seed: int = 0, groups: dict | None = None, labels: dict | None = None,
@@ -233,6 +242,8 @@ def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str
         meta["validation_groups"] = sorted(ranking.scores)
     if labels is not None and top_fraction:
         meta["selection"] = selection_mix(chosen, labels) | selection_signal(pool_t, chosen)
+        # what the ranking itself warns of (a silent validation set) travels with the selection's own warnings
+        meta["selection"]["warnings"] = [*ranking.meta.get("warnings", []), *meta["selection"]["warnings"]]
     _save(store, name, spec_id, ranking_name(replace or pool, selector), table, meta)
     ess = {c: dict(zip(pool_t.prompt_ids, pool_t.columns[c].tolist()))
            for c in GRADIENT_OPTIONAL_COLUMNS if c in pool_t.columns} or None

@@ -22,6 +22,7 @@ MIN_SELECTED = 10
 LABEL_SKEW = "label_skew"
 FIELD_SKEW = "field_skew"
 CONCENTRATED = "concentrated_selection"
+SILENT_VALIDATION = "silent_validation_set"  # a validation set without one ok prompt: ranked without it
 FILLED_TO_BATCH = "filled_to_batch"  # a stage subset smaller than the trainer's batch, filled from the pool
 
 Labelled = tuple[str, str]  # (data_source, answer)

@@ -9,8 +9,10 @@ from typing import Mapping
 import numpy as np
 import pyarrow as pa
 
+from cropi.scoring.diagnostics import SILENT_VALIDATION
 from cropi.scoring.fusion import fuse, ranks
-from cropi.scoring.influence import cosine_scores, validation_vector
+from cropi.scoring.influence import (NO_SIGNAL_HELP, cosine_scores, no_signal_error, silent_sets,
+                                     validation_vector)
 from cropi.scoring.selection import select_top
 
 
@@ -60,14 +62,30 @@ def rank_pool(pool_ids, pool_vectors, pool_status, validation: Mapping[str, tupl
     """
     if groups:
         validation = split_by_label(validation, groups)
+    silent = silent_sets({name: list(status) for name, (_, _, status) in validation.items()})
+    if len(silent) == len(validation):
+        raise no_signal_error(silent)
     scores, used = {}, {}
     for name, (ids, vecs, status) in validation.items():
+        if name in silent:
+            continue
         target, used[name] = validation_vector(ids, vecs, status, max_prompts=max_validation, seed=seed)
         scores[name] = cosine_scores(pool_vectors, pool_status, target)
     fused = fuse(scores, pool_ids, fusion)
     meta = {"fusion": fusion, "max_validation": max_validation, "seed": seed,
             "validation_prompts": {k: len(v) for k, v in used.items()}}
+    if silent:
+        meta["silent_validation"] = silent
+        meta["warnings"] = [silent_warning(silent, sorted(scores))]
     return Ranking(list(pool_ids), list(pool_status), scores, fused, ranks(fused, pool_ids), meta)
+
+
+def silent_warning(silent: Mapping[str, Mapping[str, int]], ranked_on: list[str]) -> dict:
+    """The ranking's warning that it left out the silent validation sets (``silent_sets``)."""
+    return {"code": SILENT_VALIDATION, "sets": sorted(silent), "ranked_on": ranked_on,
+            "message": f"validation set(s) {', '.join(sorted(silent))} have no prompt with status 'ok', so their "
+                       f"gradient is zero and they add nothing to any prompt's influence: ranked on "
+                       f"{', '.join(ranked_on)} alone. To target them, {NO_SIGNAL_HELP}"}
 
 
 MIN_GROUP = 5  # ok prompts a label group needs to get its own vector; smaller groups are pooled

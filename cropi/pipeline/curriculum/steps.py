@@ -30,7 +30,7 @@ from cropi.errors import InvalidInputError
 from cropi.pipeline.curriculum.config import MAX_STAGES, CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumPaths
 from cropi.pipeline.rank import pool_labels
-from cropi.scoring.diagnostics import FILLED_TO_BATCH, concentration, field_skew, selection_mix
+from cropi.scoring.diagnostics import FILLED_TO_BATCH, SILENT_VALIDATION, concentration, field_skew, selection_mix
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.score import ensure_trajectories, score_checkpoint
 from cropi.selection import SelectionInputs, filled, get_selector, pass_rate_score, pass_rates, select
@@ -104,7 +104,8 @@ def select_stage(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool:
         warned = concentration(signal.get("selection_alignment"), signal.get("random_alignment"),
                                config.trainer_options.get("batch_prompts"))
         mix = mix | signal | {k: v for k, v in warned.items() if k != "warnings"}
-        mix["warnings"] = mix["warnings"] + warned["warnings"]
+        ranked = [w for w in scored_mix.get("warnings", []) if w.get("code") == SILENT_VALIDATION]  # not redone here
+        mix["warnings"] = ranked + mix["warnings"] + warned["warnings"]
     if config.skew_fields:
         fields = {f: {p: str(r.extra_info.get(f)) for p, r in pool.items()} for f in config.skew_fields}
         skew = field_skew(chosen, fields)
