@@ -5,13 +5,12 @@ before it trains anything, and refuses there when a method of its would have to 
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
 from cropi.errors import InvalidInputError
-from cropi.pipeline.rank import rank, silent_validation
+from cropi.pipeline.rank import rank, silent_splits
 from cropi.scoring import rank_pool
 from cropi.scoring.diagnostics import SILENT_VALIDATION
 from support.store import CKPT, open_split
@@ -75,7 +74,7 @@ def test_a_stored_ranking_with_a_silent_set_warns_with_its_selection(tmp_path, s
     _write(open_split(store, split="pool"), pool, "ok", 1)
     _write(open_split(store, split="val_a"), [f"a{i}" for i in range(10)], "ok", 2)
     _write(open_split(store, split="val_b"), [f"b{i}" for i in range(6)], "zero_advantage", 3)
-    assert silent_validation(str(store), CKPT.name, ["val_a", "val_b"]) == {"val_b": {"prompts": 6,
+    assert silent_splits(str(store), CKPT.name, ["val_a", "val_b"]) == {"val_b": {"prompts": 6,
                                                                                      "zero_advantage": 6}}
     labels = {p: ("src", "1") for p in pool}
     got = rank(str(store), CKPT.name, "pool", ["val_a", "val_b"], top_fraction=0.25, selector=selector,
@@ -87,33 +86,41 @@ def test_a_stored_ranking_with_a_silent_set_warns_with_its_selection(tmp_path, s
         rank(str(store), CKPT.name, "pool", ["val_b"], top_fraction=0.25, selector=selector)
 
 
-TASK = '''
+UNANSWERABLE = '''
 import dataclasses
-from cropi.rewards import register_reward
 from cropi.tasks import lists
 from cropi.tasks.remix import remix
 
-
-@register_reward("silent_zero", replace=True)
-def zero(text, answer):
-    return 0.0
+_task = remix("unanswerable", ("nth",), {{s: 1 / 6 for s in lists.SKILLS}}, "some splits unanswerable")
 
 
-TASK = dataclasses.replace(remix("silent", ("nth",), {s: 1 / 6 for s in lists.SKILLS}, "every reward 0"),
-                           reward="silent_zero")
+def _splits(seed, asked):
+    out = _task.make_splits(seed, asked)
+    for split in {splits!r}:
+        out[split] = [r.model_copy(update={{"answer": "unanswerable"}}) for r in out[split]]
+    return out
+
+
+TASK = dataclasses.replace(_task, make_splits=_splits)
 '''
 
 
-def test_the_demo_refuses_a_task_with_no_validation_signal_before_training(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("splits, methods, said", [
+    (("val_nth", "test_nth"), "cropi,full", ["no validation set carries a gradient", "val_nth: 24 prompts, none ok"]),
+    (("pool",), "informative,full", ["no pool prompt has an ok gradient at theta_0 (360 prompts: zero_advantage 360)",
+                                     "informative have nothing to select"]),
+])
+def test_the_demo_refuses_what_leaves_nothing_to_select_before_training(tmp_path, monkeypatch, capsys, splits,
+                                                                         methods, said):
+    """A task whose targets, or whose pool, no response of theta_0 ever answers (every group's rewards 0)."""
     from cropi.cli import main
 
-    (tmp_path / "silent_task.py").write_text(TASK)
+    module = "unanswerable_" + "_".join(splits)  # a module name per case: an imported module stays imported
+    (tmp_path / f"{module}.py").write_text(UNANSWERABLE.format(splits=splits))
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "demo"
-    assert main(["demo", "--quick", "--task", "silent_task:TASK", "--seeds", "1", "--methods", "cropi,full",
+    assert main(["demo", "--quick", "--task", f"{module}:TASK", "--seeds", "1", "--methods", methods,
                  "--workers", "1", "--out", str(out)]) != 0
-    said = capsys.readouterr().err
-    assert "no validation set carries a gradient" in said and "val_nth: 24 prompts, none ok" in said
-    phases = json.loads((out / "phases.json").read_text()) if (out / "phases.json").exists() else {}
-    assert "train" not in json.dumps(phases)  # refused before any method trained
-    assert not list((out / "runs").glob("*/stages/*/train"))
+    err = capsys.readouterr().err
+    assert all(s in err for s in said), err[-2000:]
+    assert not list((out / "runs").glob("*/stages/*/train"))  # refused before any method trained

@@ -33,17 +33,19 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
+from cropi.contracts import POOL
 from cropi.data import write_jsonl
 from cropi.demo.assets import place_model, task_splits
 from cropi.demo.log import say
 from cropi.demo.settings import ONLINE_METHODS, VARIANTS, DemoSettings, is_checked, selection_of
 from cropi.demo.work import init_worker, ready, run_collect, run_gradients, run_method
+from cropi.errors import InvalidInputError
 from cropi.pipeline.curriculum import (CollectOptions, CurriculumConfig, CurriculumPaths, collect_jobs,
                                        gradient_jobs, scoring_splits)
-from cropi.pipeline.rank import silent_validation
+from cropi.pipeline.rank import silent_splits
 from cropi.scoring.influence import no_signal_error
 from cropi.scoring.ranking import silent_warning
-from cropi.selection import RANKING_SELECTORS
+from cropi.selection import RANKING_SELECTORS, get_selector
 from cropi.tasks.base import Task
 from cropi.utils.fsio import resolve, write_json_atomic
 
@@ -51,7 +53,7 @@ from cropi.utils.fsio import resolve, write_json_atomic
 
 def run_order(methods) -> list[str]:
     """The methods to run, those that score at every stage first (their runs are the longest), then as listed."""
-    from cropi.selection import RANKING_SELECTORS
+    from cropi.selection import RANKING_SELECTORS, get_selector
 
     return sorted(methods, key=lambda m: (selection_of(m) not in RANKING_SELECTORS, list(methods).index(m)))
 
@@ -178,23 +180,31 @@ def _score_initial(pool, settings: DemoSettings, config: CurriculumConfig, root:
     jobs = gradient_jobs(config, CurriculumPaths(root, config.name), model, trajectories)
     n = _shards(settings)
     done = _wait([pool.submit(run_gradients, job.model_dump(mode="json"), (i, n)) for job in jobs for i in range(n)])
-    _validation_signal(settings, config, jobs[0])
+    _signal_preflight(settings, config, jobs[0])
     return any(sum(r["computed"].values()) for r in done)
 
 
-def _validation_signal(settings: DemoSettings, config: CurriculumConfig, job) -> None:
-    """Before any training: say which targeted validation sets carry no gradient at theta_0 (their rankings go
-    on without them), and refuse, naming them, when none does and a method ranks by influence (its first stage
-    would fail after the others had trained)."""
-    silent = silent_validation(job.store, job.checkpoint_name, list(config.validation))
-    if not silent:
+def _signal_preflight(settings: DemoSettings, config: CurriculumConfig, job) -> None:
+    """Before any training, what theta_0's gradients leave to select: refuse, naming the counts, a pool without
+    one ok prompt or targets none of whose validation sets has one, when a method selects from them (its first
+    stage would fail after the others had trained); say which validation sets alone are silent (the rankings go
+    on without them)."""
+    silent = silent_splits(job.store, job.checkpoint_name, [POOL, *config.validation])
+    selecting = [m for m in settings.methods if get_selector(selection_of(m)).needs]  # a ranking or pass rates
+    if POOL in silent and selecting:
+        counts = ", ".join(f"{k} {v}" for k, v in silent[POOL].items() if k != "prompts")
+        raise InvalidInputError(f"no pool prompt has an ok gradient at theta_0 ({silent[POOL]['prompts']} prompts: "
+                                f"{counts}), so {', '.join(selecting)} have nothing to select: use a pool this model "
+                                "sometimes solves and sometimes fails, or more samples per pool prompt (pool_samples)")
+    quiet = {v: c for v, c in silent.items() if v != POOL}
+    if not quiet:
         return
     ranking = [m for m in settings.methods if selection_of(m) in RANKING_SELECTORS]
-    if len(silent) == len(config.validation) and ranking:
-        raise no_signal_error(silent)
-    signal = sorted(set(config.validation) - set(silent))
-    say(f"warning: {silent_warning(silent, signal)['message']}" if signal else
-        f"warning: no validation set carries a gradient at theta_0 ({', '.join(silent)}); no method here ranks")
+    if len(quiet) == len(config.validation) and ranking:
+        raise no_signal_error(quiet)
+    signal = sorted(set(config.validation) - set(quiet))
+    say(f"warning: {silent_warning(quiet, signal)['message']}" if signal else
+        f"warning: no validation set carries a gradient at theta_0 ({', '.join(quiet)}); no method here ranks")
 
 
 def _train(pool, configs: list[CurriculumConfig], root: str) -> list[dict]:

@@ -184,12 +184,13 @@ def find_spec_id(store: str, name: str, spec_id: str | None, split: str) -> str:
     return found[0]
 
 
-def silent_validation(store: str, name: str, validation: list[str], spec_id: str | None = None) -> dict:
-    """The validation splits of a scored checkpoint without one ``ok`` prompt, with their status counts
-    (cropi.scoring.influence.silent_sets): a ranking leaves them out, and refuses when all are."""
+def silent_splits(store: str, name: str, splits: list[str], spec_id: str | None = None) -> dict:
+    """The splits of a scored checkpoint without one ``ok`` prompt, with their status counts
+    (cropi.scoring.influence.silent_sets): a ranking leaves such a validation split out, and refuses when all
+    are; such a pool has nothing to rank."""
     gs = GradientStore(store)
     return silent_sets({v: list(gs.open_split(name, find_spec_id(store, name, spec_id, v), v).read()
-                                .columns["status"]) for v in validation})
+                                .columns["status"]) for v in splits})
 
 
 def rank(store: str, name: str, pool: str, validation: list[str], *, fusion: str = "rrf",
