@@ -14,6 +14,7 @@ import shutil
 import pytest
 from fastapi.testclient import TestClient
 
+from cropi.data import load_prompts, write_jsonl
 from cropi.pipeline.rank import load_ranking
 from cropi.pipeline.requests import store_path
 from cropi.projection.spec import DEFAULT_SPEC, ProjectionSpec
@@ -24,17 +25,21 @@ from support.service import Env, make_settings, svc  # noqa: F401  (svc: a fixtu
 
 pytestmark = pytest.mark.slow
 
-SPLITS = {"pool": "pool", "val_a": "validation"}
+SPLITS = {"pool": "pool", "val_a": "validation", "val_silent": "validation"}
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """The golden model and prompt files under one data root, with their trajectories."""
+    """The golden model and prompt files under one data root, with their trajectories; ``val_silent`` is
+    ``val_a`` with every answer replaced by a number no response gives (every reward 0: no prompt ok)."""
     data = tmp_path_factory.mktemp("scoring") / "data"
     shutil.copytree(MODEL, data / "model")
+    write_jsonl([r.model_copy(update={"answer": "-987654321"}) for r in load_prompts(str(GOLDEN / "val_a.jsonl"))],
+                str(data / "val_silent.jsonl"))
     trajectories = {}
     for split in SPLITS:
-        shutil.copy(GOLDEN / f"{split}.jsonl", data / f"{split}.jsonl")
+        if split != "val_silent":
+            shutil.copy(GOLDEN / f"{split}.jsonl", data / f"{split}.jsonl")
         trajectories[split] = str(data / "trajectories" / split)
         cli("collect", "--model", str(data / "model"), "--prompts", str(data / f"{split}.jsonl"),
             "--out", trajectories[split], *COLLECT)
@@ -56,15 +61,29 @@ def service(world, tmp_path_factory):
         yield env, settings
 
 
-def _score(env: Env, world: dict, name: str, **extra) -> tuple[str, dict]:
+def _score(env: Env, world: dict, name: str, validation=("val_a",), state="succeeded", **extra) -> tuple[str, dict]:
     """Submit the checkpoint for scoring and wait for its job: (checkpoint id, the finished job)."""
     body = {"name": name, "path": str(world["data"] / "model"), "pool": env.ids["pool"],
-            "validation": [env.ids["val_a"]], "trajectories": world["trajectories"], **extra}
+            "validation": [env.ids[v] for v in validation],
+            "trajectories": {s: world["trajectories"][s] for s in ("pool", *validation)}, **extra}
     r = env.post("/v1/checkpoints", json=body)
     assert r.status_code == 202, r.text
     job = env.wait(r.json()["job_id"], timeout=600)
-    assert job["state"] == "succeeded", job
+    assert job["state"] == state, job
     return r.json()["id"], job
+
+
+def test_a_silent_validation_set_is_ranked_without_and_warned_of_and_alone_is_refused(service, world):
+    """A validation set no response answers has no ok prompt (zero gradient): the ranking is val_a's alone, its
+    selection warns naming the silent set; asked alone, the job fails saying why and what to do."""
+    env, _ = service
+    ck, _ = _score(env, world, "with-silent", validation=("val_a", "val_silent"))
+    page = env.get(f"/v1/checkpoints/{ck}/ranking").json()
+    [warning] = [w for w in page["selection"]["warnings"] if w["code"] == "silent_validation_set"]
+    assert len(warning["sets"]) == 1 and warning["sets"][0] not in warning["ranked_on"]
+    assert all(len(it["scores"]) == 1 for it in page["items"])  # one score column: val_a's
+    _, job = _score(env, world, "silent-alone", validation=("val_silent",), state="failed")
+    assert "no validation set carries a gradient" in str(job), job
 
 
 def test_a_scoring_request_without_a_projection_is_scored_with_the_default_spec(service, world):

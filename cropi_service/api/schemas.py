@@ -133,8 +133,9 @@ class RankingPage(BaseModel):
     excluded: dict[str, int] = Field(description="prompts left out of the ranking, counted by status")
     selection: dict | None = Field(None, description="the selection's mix against the pool (cropi.scoring."
                                    "diagnostics.selection_mix): per data_source the pool and selected shares and "
-                                   "the modal answer's share in each, and warnings such as label_skew; null for "
-                                   "rankings stored before it")
+                                   "the modal answer's share in each, and warnings such as label_skew or silent_validation_set (a "
+                                   "validation set without one ok prompt, ranked without); null for rankings stored "
+                                   "before it")
 
 
 # gradients
@@ -195,7 +196,7 @@ class Stage(BaseModel):
                                 "it ran unchecked (cropi.pipeline.curriculum.state.check_summary)")
     warnings: list[dict] | None = Field(default=None, description="what the stage subset's record warns of (each "
                                         "with its code and message: concentrated_selection, label_skew, field_skew, "
-                                        "filled_to_batch; cropi.scoring.diagnostics)")
+                                        "filled_to_batch, silent_validation_set; cropi.scoring.diagnostics)")
     cost_s: dict | None = Field(default=None, description="the stage's seconds: scoring, checks, training, and "
                                 "apart from them evaluation, the trainer's test-split evaluations that training "
                                 "leaves out (cropi.pipeline.curriculum.state.stage_cost)")
