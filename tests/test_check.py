@@ -254,6 +254,27 @@ def test_saturation_needs_the_share_above_the_pools_by_more_than_its_noise():
     assert not chk.saturated(0.9, 0, 0.5, opts)
 
 
+def test_all_equal_share_counts_the_prompts_read_at_zero_or_one():
+    assert chk.all_equal_share(np.array([0.0, 1.0, 0.5, 0.125, 1.0])) == pytest.approx(0.6)
+    assert chk.all_equal_share(np.array([])) == 0.0
+
+
+def test_saturation_against_a_read_reference_errs_at_alpha_and_detects_a_real_excess():
+    """Monte Carlo with both shares estimated (a part's G groups, a reference of n prompts read at the stage's
+    start): under no difference the two-sample test fires at about alpha, where the test that takes the
+    reference as known (theta_0's, from the whole pool) fires about twice as often; a real excess of 0.15 is
+    caught almost always."""
+    opts, rng, sims, g, n = CheckOptions(), np.random.default_rng(0), 4000, 160, 160
+
+    def rate(p_part, p_pool, read):
+        parts, pools = rng.binomial(g, p_part, sims) / g, rng.binomial(n, p_pool, sims) / n
+        return np.mean([chk.saturated(a, g, b, opts, n if read else None) for a, b in zip(parts, pools)])
+
+    assert 0.03 < rate(0.7, 0.7, read=True) < 0.07  # alpha 0.05; the MC's own SE is 0.0034
+    assert rate(0.7, 0.7, read=False) > 0.09  # the known-reference SE ignores the reference's own noise
+    assert rate(0.85, 0.7, read=True) > 0.9
+
+
 # ---------------------------------------------------------------- the checked stage
 
 class PartTrainer:
@@ -311,10 +332,10 @@ def _read(model) -> tuple[float, int]:
 
 
 def _scripted(self, checkpoint, **_):
-    """The validation pass rates a checkpoint of quality q shows: 40 prompts a set, q plus a fixed spread."""
+    """The pass rates a checkpoint of quality q shows: 40 prompts a set, q plus a fixed spread."""
     q, _ = _read(checkpoint)
     spread = np.linspace(-0.05, 0.05, 40)
-    return {name: np.clip(q + spread, 0, 1) for name in ("val_a", "val_b")}, 0.001
+    return {name: np.clip(q + spread, 0, 1) for name in self.records}, 0.001
 
 
 def _run(setup, monkeypatch, trainer, name, **overrides):
@@ -524,6 +545,50 @@ def test_a_widened_fraction_is_its_share_of_the_pool_and_fraction_one_is_the_poo
     assert [e["filled"] for e in widened_parts] == (
         [len(pool) - len(short[e["arm"]]) for e in widened_parts] if widened == "filled" else [None, None])
     assert all(e["filled"] is None for e in parts if e["fraction"] == 0.5)
+
+
+def test_a_stage_after_the_first_reads_its_saturation_reference_from_the_pool_at_its_start(setup, monkeypatch):
+    """``saturation_reference: stage_start``: stage 1 reads a seeded uniform sample of the pool, as many distinct
+    prompts as a part draws groups (2 steps x a batch of 4), with the trainer's 8 rollouts, at its start checkpoint
+    on a stream of its own, and tests its parts against that share; stage 0 keeps theta_0's."""
+    from cropi.contracts import POOL
+    from cropi.data import load_prompts
+
+    reads = []
+
+    def recorded(self, checkpoint, **kw):
+        reads.append({"checkpoint": checkpoint, "sets": {k: [r.prompt_id for r in v] for k, v in self.records.items()},
+                      "samples": self.samples, "stream": kw.get("stream", "")})
+        return _scripted(self, checkpoint)
+
+    tested, real = [], chk.saturated
+    monkeypatch.setattr(chk, "saturated", lambda *a, **k: tested.append((a, k)) or real(*a, **k))
+    trainer = PartTrainer()
+    _run(setup, monkeypatch, trainer, "check-flatref", check={"parts": 4, "samples": 8, "resolve": 0.5,
+                                                             "saturation_reference": "stage_start"})
+    references = [(a[2], a[4] if len(a) > 4 else None) for a, _ in tested]
+    assert references and references[-1] == (0.0, 8)  # stage 1's last part: against the share it read, n = 8
+    assert any(n is None for _, n in references)  # stage 0's: theta_0's offline share, taken as known
+    monkeypatch.setattr(chk.ValidationSample, "measure", recorded)  # after _run's own: for the reading again below
+    state = json.loads((Path(setup["root"]) / "curricula" / "check-flatref" / "state.json").read_text())
+    first, second = (s["check"] for s in state["stages"])
+    assert "pool_flat" not in first["start"]
+    assert second["start"]["pool_flat"] == {"share": 0.0, "prompts": 8, "draws": 8}  # q ~ 0.3: no prompt at 0 or 1
+    # read again (a stage resumed before its start was saved): the same prompts, draws and stream, so the same share
+    from cropi.pipeline.curriculum.parts import _Stage
+    from cropi.pipeline.curriculum.state import CurriculumPaths, StageState
+
+    config = make_config(setup, name="check-flatref", stages=2, steps_per_stage=8,
+                         check={"parts": 4, "samples": 8, "resolve": 0.5, "saturation_reference": "stage_start"})
+    paths = CurriculumPaths(setup["root"], "check-flatref")
+    pool = {r.prompt_id: r for r in load_prompts(setup["files"]["pool"])}
+    run = _Stage(config, paths, StageState.open(paths, config), 1, pool, trainer, None, second, None)
+    again = [run._pool_reference(second["start"]["checkpoint"]) for _ in range(2)]
+    assert again[0] == again[1] and {k: again[0][k] for k in ("share", "prompts", "draws")} == \
+        second["start"]["pool_flat"]
+    assert reads[0] == reads[1] and reads[0]["samples"] == 8 and reads[0]["stream"] == "pool:1"
+    ids = reads[0]["sets"][POOL]
+    assert reads[0]["checkpoint"] == second["start"]["checkpoint"] and len(set(ids)) == 8 and set(ids) <= set(pool)
 
 
 def test_each_arm_of_a_checked_stage_trains_at_least_the_trainers_batch(setup, monkeypatch):

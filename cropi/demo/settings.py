@@ -47,7 +47,11 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # the primary arm and CROPI's rule the fallback; the rest revision 12
                                        "checked_norace": {"selector": "diverse",
                                                           "check": {"enabled": True, "race": False,
-                                                                    "fallback": "cropi"}}}
+                                                                    "fallback": "cropi"}},
+                                       # exploratory after the rare-target readings (docs/demo.md): saturation judged
+                                       # against the pool read at each stage's start; the rest revision 12
+                                       "checked_flatref": {"check": {"enabled": True,
+                                                                     "saturation_reference": "stage_start"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -114,6 +114,12 @@ class CheckOptions(BaseModel):
                                "resolve), the variance a fall of resolve from a pass rate of 0 or 1 meets "
                                "(stage_start: issue 32's revision 12); or theta_0's at every stage, without a floor "
                                "(theta_0: revisions 1-11, docs/demo.md)")
+    saturation_reference: Literal["theta_0", "stage_start"] = Field(
+        "theta_0", description="what a part's all-equal share is tested against: theta_0's pool share, from its "
+                               "offline trajectories (theta_0: issue 32's revisions 4-12), or, at every stage after "
+                               "the first, the share of a uniform sample of the pool read at the stage's start "
+                               "checkpoint, as many prompts as a part draws groups, in a two-sample test "
+                               "(stage_start: exploratory, docs/demo.md)")
     best_of: Literal["stage", "run"] = Field(
         "run", description="the best checkpoint a fall is measured against and restored to: the stage's own, or "
                            "the curriculum's so far (a stage starts with the previous stage's best when it reads "
@@ -225,12 +231,26 @@ def flat_share(correct: Sequence[int], k: int, n: int) -> float:
     return float(np.mean([(math.comb(x, n) + math.comb(k - x, n)) / total for x in correct]))
 
 
-def saturated(share: float, groups: int, pool_share: float, options: CheckOptions) -> bool:
-    """The part's all-equal share above the pool's by more than ``z_{1-alpha}`` binomial SEs."""
+def saturated(share: float, groups: int, pool_share: float, options: CheckOptions,
+              pool_prompts: int | None = None) -> bool:
+    """The part's all-equal share above the pool's by more than ``z_{1-alpha}`` SEs: the part's binomial SE where the
+    pool's share is taken as known (theta_0's, from the whole pool's offline groups); with ``pool_prompts``, the pool's
+    share read on that many prompts, the two-sample SE of the difference, ``sqrt(p (1 - p) (1/G + 1/n))`` at the
+    pooled share ``p`` (under no difference both samples estimate the same share)."""
     if groups <= 0:
         return False
-    se = math.sqrt(max(share * (1 - share), 1e-12) / groups)
+    if pool_prompts:
+        pooled = (share * groups + pool_share * pool_prompts) / (groups + pool_prompts)
+        se = math.sqrt(max(pooled * (1 - pooled), 1e-12) * (1 / groups + 1 / pool_prompts))
+    else:
+        se = math.sqrt(max(share * (1 - share), 1e-12) / groups)
     return share - pool_share > z_value(1 - options.alpha) * se
+
+
+def all_equal_share(rates: np.ndarray) -> float:
+    """The share of prompts whose draws all agree (a pass rate of 0 or 1): all-equal groups, a zero gradient."""
+    rates = np.asarray(rates, dtype=np.float64)
+    return float(np.mean((rates <= 0) | (rates >= 1))) if len(rates) else 0.0
 
 
 @dataclass

@@ -27,6 +27,7 @@ and the stage's metrics file (what reports read) gives every row the curriculum'
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -178,9 +179,27 @@ class _Stage:
         if self.opts.best_of == "run":
             carried, read_s = self._carried(model, values)
             best, seconds = carried or best, seconds + read_s
+        reference = self._pool_reference(model)
+        seconds += reference.pop("check_s", 0.0) if reference else 0.0
         return {"arm": arm, "fraction": fraction, "checkpoint": model, "values": values,
                 "objective": round(chk.objective(chk.from_lists(values)), 6), "check_s": round(seconds, 3),
-                "spent": spent, "best": best, "current": {"arm": arm, "fraction": fraction, "checkpoint": model}}
+                "spent": spent, "best": best, "current": {"arm": arm, "fraction": fraction, "checkpoint": model},
+                **({"pool_flat": reference} if reference else {})}
+
+    def _pool_reference(self, model: str) -> dict | None:
+        """``saturation_reference: stage_start``: the all-equal share of a seeded uniform sample of the pool read at
+        ``model`` (this stage's start) with the trainer's rollouts a prompt, as many prompts as a part draws groups
+        (at most the pool); its prompts, draws and seconds. None where theta_0's offline share serves: the option's
+        default, stage 0 (whose start is theta_0), and a trainer that does not say its batch."""
+        batch = steps.batch_of(self.trainer)
+        if self.opts.saturation_reference != "stage_start" or not self.m or not batch:
+            return None
+        n = min(len(self.pool), max(self.plan["steps"]) * batch)
+        ids = random.Random(f"cropi.check.pool:{self.config.seed}:{self.m}").sample(sorted(self.pool), n)
+        sample = chk.ValidationSample({POOL: [self.pool[p] for p in ids]}, self.config.seed, self.plan["rollouts"])
+        rates, seconds = self._measure(model, stream=f"pool:{self.m}", sample=sample)
+        return {"share": round(chk.all_equal_share(rates[POOL]), 6), "prompts": n, "draws": self.plan["rollouts"],
+                "check_s": seconds}
 
     def _carried(self, model: str, values: dict) -> tuple[dict | None, float]:
         """The previous stage's best (the curriculum's so far), read on this stage's sample, where it reads above
@@ -334,13 +353,21 @@ class _Stage:
             if verdict.value > chk.objective(chk.from_lists(best["values"])):
                 self.record["start"]["best"] = {"stage": self.m, "part": entry["index"], "checkpoint": checkpoint,
                                                 "values": entry["values"]}
-            if (self.opts.widen and fraction < 1 and entry.get("zero_share") is not None
-                    and self.plan["pool_flat_share"] is not None and chk.saturated(entry["zero_share"], entry["groups"], self.plan["pool_flat_share"], self.opts)):
+            if self.opts.widen and fraction < 1 and entry.get("zero_share") is not None and self._saturated(entry):
                 fraction = _widen(entry, fraction, "saturation")
         entry["then"] = {"arm": arm, "fraction": fraction, "checkpoint": checkpoint}
         self.record["start"]["current"] = entry["then"]
         self.record["parts"].append(entry)
         self.state.save()
+
+    def _saturated(self, entry: dict) -> bool:
+        """The part's all-equal share against the pool's: read at the stage's start where the stage did
+        (``pool_flat``), else theta_0's offline share (``plan["pool_flat_share"]``; None: none to test against)."""
+        read = self.record["start"].get("pool_flat")
+        if read:
+            return chk.saturated(entry["zero_share"], entry["groups"], read["share"], self.opts, read["prompts"])
+        reference = self.plan["pool_flat_share"]
+        return reference is not None and chk.saturated(entry["zero_share"], entry["groups"], reference, self.opts)
 
     def _both_arms_fell(self, entry: dict, checkpoint: str) -> bool:
         """Whether the other arm has already fallen below this same best checkpoint in this stage (a confirmed
