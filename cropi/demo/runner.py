@@ -53,8 +53,6 @@ from cropi.utils.fsio import resolve, write_json_atomic
 
 def run_order(methods) -> list[str]:
     """The methods to run, those that score at every stage first (their runs are the longest), then as listed."""
-    from cropi.selection import RANKING_SELECTORS, get_selector
-
     return sorted(methods, key=lambda m: (selection_of(m) not in RANKING_SELECTORS, list(methods).index(m)))
 
 
