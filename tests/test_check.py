@@ -553,6 +553,7 @@ def test_a_stage_after_the_first_reads_its_saturation_reference_from_the_pool_at
     on a stream of its own, and tests its parts against that share; stage 0 keeps theta_0's."""
     from cropi.contracts import POOL
     from cropi.data import load_prompts
+    from cropi.pipeline.curriculum.state import CurriculumPaths, StageState, check_summary
 
     reads = []
 
@@ -573,11 +574,10 @@ def test_a_stage_after_the_first_reads_its_saturation_reference_from_the_pool_at
     state = json.loads((Path(setup["root"]) / "curricula" / "check-flatref" / "state.json").read_text())
     first, second = (s["check"] for s in state["stages"])
     assert "pool_flat" not in first["start"]
+    assert check_summary(state["stages"][1])["start"]["pool_flat"] == second["start"]["pool_flat"]  # what answers show
     assert second["start"]["pool_flat"] == {"share": 0.0, "prompts": 8, "draws": 8}  # q ~ 0.3: no prompt at 0 or 1
     # read again (a stage resumed before its start was saved): the same prompts, draws and stream, so the same share
     from cropi.pipeline.curriculum.parts import _Stage
-    from cropi.pipeline.curriculum.state import CurriculumPaths, StageState
-
     config = make_config(setup, name="check-flatref", stages=2, steps_per_stage=8,
                          check={"parts": 4, "samples": 8, "resolve": 0.5, "saturation_reference": "stage_start"})
     paths = CurriculumPaths(setup["root"], "check-flatref")

@@ -130,7 +130,8 @@ def check_summary(stage: dict) -> dict:
         return {k: e.get(k) for k in keys} | ({"confirm": {k: fresh.get(k) for k in fresh_keys}} if fresh else {})
 
     return {"checked": True, "plan": {k: v for k, v in record.get("plan", {}).items() if k != "variance"},
-            "start": {"arm": start.get("arm"), "fraction": start.get("fraction"), "objective": start.get("objective")},
+            "start": {"arm": start.get("arm"), "fraction": start.get("fraction"), "objective": start.get("objective"),
+                      **({"pool_flat": start["pool_flat"]} if start.get("pool_flat") else {})},
             "race": [check(e) for e in record.get("race", [])], "race_lead": record.get("race_lead"),
             "parts": [check(e) for e in record.get("parts", [])],
             "end": {k: end.get(k) for k in ("arm", "fraction", "objective", "change", "margin", "cases")} | (
