@@ -142,7 +142,8 @@ class CurriculumConfig(ScoringSettings):
         doc["loss"] = self.loss.recorded()  # CROPI's estimator as before the choice existed
         doc["projection"] = self.projection.recorded()  # no factor fields unless the kind is factored
         # added later: curricula started before keep their key
-        later = ("confirm_on", "at_whole_pool", "best_of", "test", "rerace", "refresh", "widened", "sizing")
+        later = ("confirm_on", "at_whole_pool", "best_of", "test", "rerace", "refresh", "widened", "sizing",
+                 "saturation_reference")
         for name in later:
             if doc["check"][name] == getattr(CheckOptions(), name):
                 doc["check"].pop(name)
