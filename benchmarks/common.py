@@ -130,9 +130,14 @@ def write_json(out: Path, name: str, payload: dict) -> Path:
     return path
 
 
+def report_items(items: list[str]) -> list[tuple[str, dict]]:
+    """``TASK=path/to/report.json`` items (a reading script's ``--report``): (task, the report), in the given order."""
+    return [(task, json.loads(Path(path).read_text())) for task, path in (item.split("=", 1) for item in items)]
+
+
 def task_reports(items: list[str]) -> dict[str, dict]:
-    """``TASK=path/to/report.json`` items (a reading script's ``--report``): task -> the report."""
-    return {task: json.loads(Path(path).read_text()) for task, path in (item.split("=", 1) for item in items)}
+    """``report_items`` as task -> the report."""
+    return dict(report_items(items))
 
 
 def emit(out: Path | None, name: str, result: dict, shown: str) -> dict:

@@ -16,12 +16,11 @@ report given for it, from the first where two hold the same method.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit  # noqa: E402
+from common import emit, report_items  # noqa: E402
 
 METHODS = ("checked", "cropi", "diverse", "informative", "full")  # the default and the four it must answer to
 
@@ -30,9 +29,8 @@ def task_aucs(items: list[str]) -> dict[str, dict[str, dict]]:
     """``TASK=path/to/report.json`` items: task -> method -> the report's ``auc_by_method`` entry, every report
     given for a task contributing its methods, the first given where two hold the same method."""
     out: dict[str, dict[str, dict]] = {}
-    for item in items:
-        task, path = item.split("=", 1)
-        for method, entry in json.loads(Path(path).read_text())["auc_by_method"].items():
+    for task, report in report_items(items):
+        for method, entry in report["auc_by_method"].items():
             out.setdefault(task, {}).setdefault(method, entry)
     return out
 
