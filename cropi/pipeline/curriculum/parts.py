@@ -179,27 +179,28 @@ class _Stage:
         if self.opts.best_of == "run":
             carried, read_s = self._carried(model, values)
             best, seconds = carried or best, seconds + read_s
-        reference = self._pool_reference(model)
-        seconds += reference.pop("check_s", 0.0) if reference else 0.0
+        reference, read_s = self._pool_reference(model)
+        seconds += read_s
         return {"arm": arm, "fraction": fraction, "checkpoint": model, "values": values,
                 "objective": round(chk.objective(chk.from_lists(values)), 6), "check_s": round(seconds, 3),
                 "spent": spent, "best": best, "current": {"arm": arm, "fraction": fraction, "checkpoint": model},
                 **({"pool_flat": reference} if reference else {})}
 
-    def _pool_reference(self, model: str) -> dict | None:
+    def _pool_reference(self, model: str) -> tuple[dict | None, float]:
         """``saturation_reference: stage_start``: the all-equal share of a seeded uniform sample of the pool read at
         ``model`` (this stage's start) with the trainer's rollouts a prompt, as many prompts as a part draws groups
-        (at most the pool); its prompts, draws and seconds. None where theta_0's offline share serves: the option's
-        default, stage 0 (whose start is theta_0), and a trainer that does not say its batch."""
+        (at most the pool), with its prompts and draws; and the seconds the reading took. None where theta_0's
+        offline share serves: the option's default, stage 0 (whose start is theta_0), and a trainer that does not
+        say its batch."""
         batch = steps.batch_of(self.trainer)
         if self.opts.saturation_reference != "stage_start" or not self.m or not batch:
-            return None
+            return None, 0.0
         n = min(len(self.pool), max(self.plan["steps"]) * batch)
         ids = random.Random(f"cropi.check.pool:{self.config.seed}:{self.m}").sample(sorted(self.pool), n)
         sample = chk.ValidationSample({POOL: [self.pool[p] for p in ids]}, self.config.seed, self.plan["rollouts"])
         rates, seconds = self._measure(model, stream=f"pool:{self.m}", sample=sample)
-        return {"share": round(chk.all_equal_share(rates[POOL]), 6), "prompts": n, "draws": self.plan["rollouts"],
-                "check_s": seconds}
+        share = round(chk.all_equal_share(rates[POOL]), 6)
+        return {"share": share, "prompts": n, "draws": self.plan["rollouts"]}, seconds
 
     def _carried(self, model: str, values: dict) -> tuple[dict | None, float]:
         """The previous stage's best (the curriculum's so far), read on this stage's sample, where it reads above
