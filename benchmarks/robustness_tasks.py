@@ -45,3 +45,13 @@ AMID = remix("amid", ("after",), {"after": 0.05, "before": 0.5, **{s: 0.1125 for
 RARE_PAIR = remix("rare_pair", ("nth", "after"),
                   {"nth": 0.04, "after": 0.04, **{s: 0.23 for s in ("max", "min", "above", "before")}},
                   "nth and after, 4% of the pool each")
+# Three fresh tasks for the widening race (docs/demo.md, "revision 13 candidate"; committed with its design, before
+# any run on them): a small uniform pool, a rare target beside its mirror rule, a pool mostly target.
+_mid = remix("midpool", ("max", "nth"), UNIFORM, "max and nth, a uniform pool of 400")
+MIDPOOL = dataclasses.replace(_mid, sizes={**_mid.sizes, "pool": 400})
+MIRROR = remix("mirror", ("before",), {"before": 0.1, "after": 1 / 3, **{s: (1 - 0.1 - 1 / 3) / 4
+                                                                         for s in ("max", "min", "above", "nth")}},
+               "before, a tenth of a pool a third of which is after, its mirror rule")
+BROAD = remix("broad", ("min", "after", "nth"), {"min": 0.2, "after": 0.2, "nth": 0.2, "max": 0.4 / 3,
+                                                 "above": 0.4 / 3, "before": 0.4 / 3},
+              "min, after and nth, 60% of the pool")
