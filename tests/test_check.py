@@ -988,3 +988,93 @@ def test_a_best_carried_from_a_stage_read_on_another_sample_is_read_again(setup,
     carried = second["start"]["best"]
     assert {k: carried[k] for k in ("stage", "part", "checkpoint")} == {"stage": 0, "part": 0,
                                                                          "checkpoint": best["checkpoint"]}
+
+
+class WideningTrainer(PartTrainer):
+    """Every part reads saturated (all-equal share 1 against the pool's); a subset the check widened (named with a
+    fraction above the curriculum's, ``subsets/ARM-F.parquet``) gains ``wide`` a step, the base subset ``step``."""
+
+    def __init__(self, *, wide, base, **kw):
+        super().__init__(**kw)
+        self.wide, self.base = wide, base
+
+    def train_stage(self, **kw):
+        stem = Path(kw["subset"]).stem
+        wider = Path(kw["subset"]).parent.name == "subsets" and float(stem.rsplit("-", 1)[1]) > self.base
+        step, self.step = self.step, (self.wide if wider else self.step)
+        try:
+            result = super().train_stage(**kw)
+        finally:
+            self.step = step
+        result.metrics["zero_advantage_share"] = 1.0
+        return result
+
+
+def _widening_run(setup, monkeypatch, trainer, name, widen_check="race"):
+    return _run(setup, monkeypatch, trainer, name, select_fraction=0.2,
+                check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False, "widen_check": widen_check})
+
+
+@pytest.mark.parametrize("wide,winner", [(0.05, 0.4), (-0.01, 0.2)])
+def test_a_saturated_part_races_its_doubled_fraction_and_the_higher_reading_goes_on(setup, monkeypatch, wide, winner):
+    """``widen_check: race``: part 0 of stage 0 is saturated, so part 1 trains the current subset (0.2) and the
+    doubled one (0.4) from part 0's checkpoint; the higher reading goes on and the loser's steps are spent first.
+    The race took two parts of four, so part 2's saturation finds no room and the next stage begins with the race."""
+    trainer = WideningTrainer(wide=wide, base=0.2)
+    result = _widening_run(setup, monkeypatch, trainer, f"widerace-{winner}")
+    first, second = _check(result, 0), _check(result, 1)
+    parts, race = first["parts"], first["widen_races"][0]
+    assert [e["fraction"] for e in parts] == [0.2, winner, winner]
+    assert parts[0]["saturated"] == 0.4 and parts[0]["widened"] is None  # asked for a race, did not widen at once
+    assert race["part"] == 1 and race["fractions"] == [0.2, 0.4] and race["winner"] == winner
+    assert sorted(e["race"] for e in race["entries"]) == ["lost", "won"] and parts[1]["widen_race"] == 0
+    lead = race["lead"]
+    won, lost = (next(e for e in race["entries"] if e["race"] == r) for r in ("won", "lost"))
+    assert lead["lead"] == pytest.approx(won["objective"] - lost["objective"], abs=2e-6) and lead["lead"] > 0
+    stage0 = [c for c in trainer.calls if c["stage"] == 0]
+    assert [c["steps"] for c in stage0] == [2, 2, 2, 2] and stage0[1]["model"] == stage0[2]["model"]  # one origin
+    assert ("raced_wider" if winner == 0.4 else "kept_narrower") in first["end"]["cases"]
+    assert "saturated" in first["end"]["cases"] and first["end"]["race_wider"] == 2 * winner
+    stage1 = [c for c in trainer.calls if c["stage"] == 1]
+    assert second["widen_races"][0]["part"] == 0 and second["widen_races"][0]["fractions"] == [winner, 2 * winner]
+    assert stage1[0]["model"] == stage1[1]["model"] == result["stages"][0]["checkpoint"]
+    stages = result["stages"]
+    assert [s["global_step"] for s in stages] == [8, 16] and sum(c["steps"] for c in trainer.calls) == 16
+    steps = [json.loads(line)["step"] for s in stages for line in Path(s["metrics_path"]).read_text().splitlines()
+             if "eval" not in json.loads(line)]
+    assert steps == list(range(1, 17))  # every trained step once, the loser's first, on the spent-step axis
+    # what the demo report shows of it: the race's row beside the arms' races, and the plot draws it
+    from cropi.demo.checks import markdown_lines
+    from cropi.demo.plots import checks_plot
+
+    records = {"checked_widerace": {"0": {str(m): _check(result, m) for m in (0, 1)}}}
+    lines = markdown_lines({"checks": records, "check_cases": {"checked_widerace": {"0": {"saturated": 1}}}})
+    rows = [line for line in lines if line.startswith("| checked_widerace | 0 | 0 (part 1) |")]
+    assert rows == [f"| checked_widerace | 0 | 0 (part 1) | fraction {winner:g} of 0.2, 0.4 | {lead['lead']:+.3f} | "
+                    f"{lead['se']:.3f} | - | yes |"]  # scripted readings: the lead has no noise
+    assert checks_plot(setup["base"] / f"checks-{winner}.png", records) == f"checks-{winner}.png"
+
+
+def test_without_the_widening_race_a_saturated_part_widens_at_once(setup, monkeypatch):
+    result = _widening_run(setup, monkeypatch, WideningTrainer(wide=0.05, base=0.2), "widerace-none", "none")
+    first = _check(result, 0)
+    assert [e["fraction"] for e in first["parts"]] == [0.2, 0.4, 0.8, 1.0] and "widen_races" not in first
+
+
+def test_a_curriculum_killed_inside_a_widening_race_resumes_it_and_decides_as_an_unbroken_run(setup, monkeypatch):
+    whole = _widening_run(setup, monkeypatch, WideningTrainer(wide=0.05, base=0.2), "widerace-whole")
+    crashing = WideningTrainer(wide=0.05, base=0.2, crash_at=3)  # part 0, the race's current subset, then the crash
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _widening_run(setup, monkeypatch, crashing, "widerace-killed")
+    state = json.loads((Path(setup["root"]) / "curricula" / "widerace-killed" / "state.json").read_text())
+    race = state["stages"][0]["check"]["widen_races"][0]
+    assert [e["fraction"] for e in race["entries"]] == [0.2] and "winner" not in race
+    resumed = WideningTrainer(wide=0.05, base=0.2)
+    result = _widening_run(setup, monkeypatch, resumed, "widerace-killed")
+    assert Path(resumed.calls[0]["subset"]).stem.endswith("-0.4")  # the race's other subset, the first not again
+    for m in (0, 1):
+        ours, theirs = _check(result, m), _check(whole, m)
+        assert ([(e["fraction"], e.get("race"), e["action"], e["objective"]) for e in ours["parts"]]
+                == [(e["fraction"], e.get("race"), e["action"], e["objective"]) for e in theirs["parts"]])
+        assert [r["winner"] for r in ours["widen_races"]] == [r["winner"] for r in theirs["widen_races"]]
+    assert [s["global_step"] for s in result["stages"]] == [s["global_step"] for s in whole["stages"]] == [8, 16]

@@ -104,7 +104,9 @@ def markdown_lines(report: dict) -> list[str]:
     lines = ["## The checked stages", "",
              "Each stage of the checked method trains in parts; after each the validation objective is measured "
              "and the stage keeps going, falls back (`reversed`: restored its best checkpoint and switched arm) or "
-             "widens its fraction (`saturated`; `both_arms_fell`: both arms fell from one checkpoint); at the whole "
+             "widens its fraction (`saturated`; `both_arms_fell`: both arms fell from one checkpoint; with a widening "
+             "race, `raced_wider` or `kept_narrower`: the doubled subset raced the current one from one checkpoint "
+             "and won or lost); at the whole "
              "pool a fall has no fallback and the part is kept (`no_fallback`). "
              "`helped`: the stage ended above its start by more than the "
              "check's margin. Seeds per case:", "",
@@ -135,15 +137,25 @@ def _race_lines(records: dict) -> list[str]:
     for method, seeds in records.items():
         for seed, stages in seeds.items():
             for m, st in sorted(stages.items(), key=lambda kv: int(kv[0])):
-                lead, sides = st.get("race_lead"), race_sides(st)
-                if not (lead and sides):
-                    continue
-                ratio = f"{lead['lead'] / lead['se']:.2f}" if lead["se"] else "-"
-                rows.append(f"| {method} | {seed} | {m} | {sides[0]['arm']} | {lead['lead']:+.3f} | {lead['se']:.3f} "
-                            f"| {ratio} | {'yes' if lead['resolved'] else 'no'} |")
+                for where, won, lead in _races(m, st):
+                    ratio = f"{lead['lead'] / lead['se']:.2f}" if lead["se"] else "-"
+                    rows.append(f"| {method} | {seed} | {where} | {won} | {lead['lead']:+.3f} | {lead['se']:.3f} "
+                                f"| {ratio} | {'yes' if lead['resolved'] else 'no'} |")
     if not rows:
         return []
-    return ["", "The races (a stage's first part trained with each arm; the higher validation reading goes on). "
+    return ["", "The races (a stage's first part trained with each arm, or with `widen_check: race` a saturated "
+            "subset against its doubled fraction; the higher validation reading goes on). "
             "The lead is paired (the same prompts and stream), resolved where it exceeds the one-sided critical "
             "value at the check's alpha:", "",
             "| method | seed | stage | won | lead | SE | lead / SE | resolved |", "|---|---|---|---|---|---|---|---|", *rows]
+
+
+def _races(m: str, st: dict):
+    """A stage's decided races as (where, who won, its ``race_lead``): the arms' race, then the widening races."""
+    lead, sides = st.get("race_lead"), race_sides(st)
+    if lead and sides:
+        yield m, sides[0]["arm"], lead
+    for race in st.get("widen_races") or []:
+        if race.get("lead"):
+            yield (f"{m} (part {race['part']})", f"fraction {race['winner']:g} of {race['fractions'][0]:g}, "
+                   f"{race['fractions'][1]:g}", race["lead"])

@@ -53,8 +53,9 @@ def checks_plot(path: Path, records: dict) -> str:
     each part (x: steps into the stage), per seed, with the check's margin as an error bar; a cross marks a
     reversal (the stage went back to its best checkpoint and switched arm), a diamond a fall the fresh
     reading did not confirm (kept), a square a fall at the whole pool (kept: no fallback), a triangle a
-    widening. A race's loser is a hollow circle at its step, joined to the winner by a solid line where the
-    lead is resolved (``race_lead``) and a dotted one where it is not."""
+    widening (at once, or a widening race the doubled fraction won). A race's loser is a hollow circle at its
+    step, joined to the winner by a solid line where the lead is resolved (``race_lead``) and a dotted one where
+    it is not: the arms' race at the stage's first part, a widening race at the part it stands for."""
     import matplotlib.pyplot as plt
 
     from cropi.pipeline.curriculum.state import race_sides
@@ -68,9 +69,16 @@ def checks_plot(path: Path, records: dict) -> str:
                 continue
             rec = st[m]
             xs, ys, errs, marks, x = [0], [rec["start"]["objective"]], [0.0], ["o"], 0
+            widen_races = rec.get("widen_races") or []
+            races = [(sides, rec.get("race_lead"), sides[1]["steps"])] if (sides := race_sides(rec)) else []
             for part in rec["parts"]:
                 x += part["steps"]
                 xs.append(x)
+                race = widen_races[part["widen_race"]] if part.get("widen_race") is not None else None
+                if race and race.get("lead"):
+                    lost = next(e for e in race["entries"] if e["race"] == "lost")
+                    races.append(((part, lost), race["lead"], x))
+                    part = part | ({"widened": race["winner"]} if race["winner"] > race["fractions"][0] else {})
                 ys.append(part["objective"])
                 errs.append(part.get("margin") or 0.0)
                 action = next((a for a in ("reverted", "unconfirmed", "no_fallback") if a in part["action"]),
@@ -79,13 +87,10 @@ def checks_plot(path: Path, records: dict) -> str:
             line = ax.errorbar(xs, ys, yerr=errs, capsize=2, lw=1, alpha=0.8, label=f"seed {seed}")
             for xx, yy, mk in zip(xs, ys, marks):
                 ax.plot([xx], [yy], marker=mk, ms=7 if mk != "o" else 3, color=line[0].get_color())
-            sides = race_sides(rec)
-            if sides:
-                won, lost = sides
-                resolved = (rec.get("race_lead") or {}).get("resolved")
-                ax.plot([lost["steps"]] * 2, [lost["objective"], won["objective"]], ls="-" if resolved else ":",
+            for (won, lost), lead, at in races:
+                ax.plot([at] * 2, [lost["objective"], won["objective"]], ls="-" if (lead or {}).get("resolved") else ":",
                         lw=1, color=line[0].get_color())
-                ax.plot([lost["steps"]], [lost["objective"]], marker="o", mfc="none", ms=6, color=line[0].get_color())
+                ax.plot([at], [lost["objective"]], marker="o", mfc="none", ms=6, color=line[0].get_color())
         ax.set_title(f"stage {m}")
         ax.set_xlabel("steps into the stage")
     axes[0][0].set_ylabel(f"{method}: validation objective")

@@ -51,7 +51,10 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # exploratory after the rare-target readings (docs/demo.md): saturation judged
                                        # against the pool read at each stage's start; the rest revision 12
                                        "checked_flatref": {"check": {"enabled": True,
-                                                                     "saturation_reference": "stage_start"}}}
+                                                                     "saturation_reference": "stage_start"}},
+                                       # the revision 13 candidate (docs/demo.md): a saturated part's widening is
+                                       # raced against the current subset; the rest revision 12
+                                       "checked_widerace": {"check": {"enabled": True, "widen_check": "race"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -29,6 +29,9 @@ temperature) and decides, from the measured noise alone:
   share (``flat_share``) by more than ``z_{1-alpha}`` binomial standard errors; or both arms have now
   fallen (confirmed) from the same checkpoint, which is evidence against the fraction, not against one arm
   (parts.py);
+  with ``widen_check: race`` a saturation does not widen at once: the next part races the current subset against
+  the doubled one from the same checkpoint and the higher reading goes on (parts.py), since whether a wider subset
+  moves the targets more is its effect, which no saturation test measures;
 - ``kept`` otherwise. The sample size follows from the noise it must resolve (``sample_size``): with ``sizing:
   stage_start`` (revision 12) the per-prompt variance at the checkpoint the stage starts from (the previous
   checked stage's end reading; theta_0's offline trajectories at stage 0), at least ``resolve (1 - resolve)``.
@@ -78,6 +81,12 @@ class CheckOptions(BaseModel):
                                       "ranks again), or goes on with the arm the reversal switched to (never: issue "
                                       "32's revisions 1-7)")
     widen: bool = Field(True, description="double the selected fraction when the subset saturates")
+    widen_check: Literal["none", "race"] = Field(
+        "none", description="what a saturated part's widening is: at once (none: issue 32's revisions 4-12), or a "
+                            "race over the stage's next part from that part's checkpoint between the current subset "
+                            "and the doubled one, the higher validation reading going on, a tie to the wider (race: "
+                            "the revision 13 candidate, docs/demo.md); a race needs two parts of the stage's steps, "
+                            "else it begins the next stage")
     confirm_on: Literal["held_out_prompts", "check_prompts"] = Field(
         "held_out_prompts", description="what a fall is confirmed on (on a fresh random stream either way): "
                                         "validation prompts the check never read (a set needs twice the sample), "

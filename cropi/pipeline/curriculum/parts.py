@@ -15,7 +15,11 @@ curriculum resumes at the part it was in without repeating or losing a decision:
              check's reading and action (and, when the screen fired, its confirmation on held-out prompts and
              a fresh stream: `confirm`;
              with `at_whole_pool: keep`, a fall at the whole pool is `no_fallback` and the part kept)
-    end      the stage's checkpoint, objective, case(s), the arm and fraction later stages take
+    widen_races  with ``widen_check: race``: per race, the part it stands for, the current and the doubled
+             fraction, both entries trained from one checkpoint (the winner is also that part of ``parts``), the
+             winner's fraction and ``lead``; a saturated part records the race it asks for (``saturated``)
+    end      the stage's checkpoint, objective, case(s), the arm and fraction later stages take (and
+             ``race_wider``: a widening race still pending, which the next stage begins with)
 
 The best a fall is measured against starts as the previous stage's (``best_of: run``) where it reads higher
 than the stage's start: a restore may go back to an earlier stage's checkpoint.
@@ -98,6 +102,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
     plan = {"steps": steps, "z": round(z, 6), "test": opts.test, "rerace": opts.rerace, "variance": variance,
             "prompts_per_set": n, "samples": samples, "arms": [config.selector, opts.fallback],
             "rollouts": trainer.options.rollouts, "widened": opts.widened, "sizing": opts.sizing,
+            "widen_check": opts.widen_check,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
@@ -181,9 +186,11 @@ class _Stage:
             best, seconds = carried or best, seconds + read_s
         reference, read_s = self._pool_reference(model)
         seconds += read_s
+        pending = {"race_wider": previous["race_wider"]} if previous and previous.get("race_wider") else {}
         return {"arm": arm, "fraction": fraction, "checkpoint": model, "values": values,
                 "objective": round(chk.objective(chk.from_lists(values)), 6), "check_s": round(seconds, 3),
-                "spent": spent, "best": best, "current": {"arm": arm, "fraction": fraction, "checkpoint": model},
+                "spent": spent, "best": best,
+                "current": {"arm": arm, "fraction": fraction, "checkpoint": model} | pending,
                 **({"pool_flat": reference} if reference else {})}
 
     def _pool_reference(self, model: str) -> tuple[dict | None, float]:
@@ -259,11 +266,49 @@ class _Stage:
     def part(self, j: int) -> None:
         cur = self._current()
         planned = self.plan["steps"]
-        last = j >= len(planned) - 1 - (1 if self.races else 0)  # the race took one part of the budget
-        steps = self.remaining() if last else min(planned[j], self.remaining())
+        size = planned[min(j, len(planned) - 1)]
+        if self._racing(j) or (cur.get("race_wider") and self.remaining() >= 2 * size):
+            self.widen_race(j, size)
+            return
+        # a race took one part of the budget beside its winner's: the arms' race, and every widening race
+        last = j >= len(planned) - 1 - (1 if self.races else 0) - len(self.record.get("widen_races", []))
+        steps = self.remaining() if last else min(size, self.remaining())
         entry = self._train(j, cur["arm"], cur["fraction"], cur["checkpoint"], self._spent(), tag=f"part-{j}",
                             steps=steps)
         self._decide(entry)
+
+    def _racing(self, j: int) -> bool:
+        """Whether part ``j`` is a widening race begun before a kill (its record written, its winner not yet)."""
+        races = self.record.get("widen_races") or []
+        return bool(races) and races[-1]["part"] == j and "winner" not in races[-1]
+
+    def widen_race(self, j: int, steps: int) -> None:
+        """Part ``j`` as a race from the current checkpoint between the current subset and the doubled one
+        (``widen_check: race``): each trained ``steps``, both read on the stage's sample; the higher objective goes
+        on, a tie to the wider (the saturation test favoured it). The loser's steps are spent first, as the arms'
+        race's; the winner is then judged as any part."""
+        cur = self._current()
+        races = self.record.setdefault("widen_races", [])
+        if not self._racing(j):
+            races.append({"part": j, "from": cur["checkpoint"], "arm": cur["arm"],
+                          "fractions": [cur["fraction"], cur["race_wider"]], "entries": []})
+            self.state.save()
+        race = races[-1]
+        for fraction in race["fractions"][len(race["entries"]):]:
+            race["entries"].append(self._train(j, race["arm"], fraction, race["from"], self._spent(),
+                                               tag=f"part-{j}-{fraction:g}", steps=steps))
+            self.state.save()
+        current, wider = race["entries"]
+        winner = wider if wider["objective"] >= current["objective"] else current
+        loser = current if winner is wider else wider
+        spent = min(e["spent_start"] for e in race["entries"])
+        for e in (loser, winner):  # the loser first, then the winner
+            e["race"], e["spent_start"] = ("won" if e is winner else "lost"), spent
+            spent += e["steps"]
+        race["lead"] = chk.race_lead(chk.from_lists(winner["values"]), chk.from_lists(loser["values"]),
+                                     self.opts.alpha, self.plan.get("test", "normal"))
+        race["winner"] = winner["fraction"]
+        self._decide(dict(winner) | {"widen_race": len(races) - 1})
 
     def end(self) -> dict:
         cur, start = self._current(), self.record["start"]
@@ -272,7 +317,12 @@ class _Stage:
         final = self._judge(chk.from_lists(values), chk.from_lists(start["values"]))
         actions = [e["action"] for e in self.record["parts"]]
         widened_by = {e.get("widened_by", "saturation") for e in self.record["parts"] if e.get("widened")}
-        cases = [c for c, hit in (("reversed", "reverted" in actions), ("saturated", "saturation" in widened_by),
+        raced = [r for r in self.record.get("widen_races", []) if "winner" in r]
+        cases = [c for c, hit in (("reversed", "reverted" in actions),
+                                  ("saturated", "saturation" in widened_by
+                                   or any(e.get("saturated") for e in self.record["parts"])),
+                                  ("raced_wider", any(r["winner"] > r["fractions"][0] for r in raced)),
+                                  ("kept_narrower", any(r["winner"] == r["fractions"][0] for r in raced)),
                                   ("both_arms_fell", "both_arms_fell" in widened_by),
                                   ("no_fallback", "no_fallback" in actions),
                                   ("helped", final.change > final.margin)) if hit] or ["flat"]
@@ -281,6 +331,8 @@ class _Stage:
                "cases": cases}
         if self.opts.best_of == "run":  # what the next stage starts its best from
             out["best"] = dict(self._best())
+        if cur.get("race_wider"):  # saturated with no room left to race: the next stage begins with the race
+            out["race_wider"] = cur["race_wider"]
         return out
 
     def trained(self) -> dict:
@@ -333,7 +385,7 @@ class _Stage:
                 "log": result.log_path}
 
     def _decide(self, entry: dict, first: bool = False) -> None:
-        best = self._best()
+        best, pending = self._best(), {}
         verdict = self._judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]))
         if verdict.action == "reverted" and entry["fraction"] >= 1 and self.opts.at_whole_pool == "keep":
             verdict = chk.without_fallback(verdict)  # both arms select the whole pool, nothing is wider (revision 5)
@@ -355,8 +407,12 @@ class _Stage:
                 self.record["start"]["best"] = {"stage": self.m, "part": entry["index"], "checkpoint": checkpoint,
                                                 "values": entry["values"]}
             if self.opts.widen and fraction < 1 and entry.get("zero_share") is not None and self._saturated(entry):
-                fraction = _widen(entry, fraction, "saturation")
-        entry["then"] = {"arm": arm, "fraction": fraction, "checkpoint": checkpoint}
+                if self.plan.get("widen_check", "none") == "race":  # the next part races the doubled fraction
+                    pending = {"race_wider": min(1.0, 2 * fraction)}
+                    entry["saturated"] = pending["race_wider"]
+                else:
+                    fraction = _widen(entry, fraction, "saturation")
+        entry["then"] = {"arm": arm, "fraction": fraction, "checkpoint": checkpoint} | pending
         self.record["start"]["current"] = entry["then"]
         self.record["parts"].append(entry)
         self.state.save()
@@ -406,8 +462,11 @@ class _Stage:
         return self.record["start"]["spent"] + sum(e["steps"] for e in self._spent_parts())
 
     def _spent_parts(self) -> list[dict]:
-        """Every part trained once: the race's (its winner's part is also the first of ``parts``), then the rest."""
-        return [*self.record.get("race", []), *self.record["parts"][1 if self.races else 0:]]
+        """Every part trained once, in the order its steps were spent: the arms' race's (its winner's part is also the
+        first of ``parts``), the rest, and the widening races' (a winner is also a part of ``parts``)."""
+        parts = [e for e in self.record["parts"][1 if self.races else 0:] if "widen_race" not in e]
+        raced = [e for r in self.record.get("widen_races", []) for e in r["entries"]]
+        return sorted([*self.record.get("race", []), *parts, *raced], key=lambda e: e["spent_start"])
 
     def _measure(self, checkpoint: str, stream: str = "", sample: chk.ValidationSample | None = None):
         return (sample or self.sample).measure(checkpoint, device=_device(self.config), stream=stream,
@@ -488,8 +547,9 @@ def checkpoints(stage: dict) -> list[str]:
 
 
 def _entries(record: dict) -> list[dict]:
-    """A checked stage record's part entries: the race's, then the parts'."""
-    return [*record.get("race", []), *record.get("parts", [])]
+    """A checked stage record's part entries: the arms' race's, the parts', then the widening races'."""
+    return [*record.get("race", []), *record.get("parts", []),
+            *(e for r in record.get("widen_races", []) for e in r["entries"])]
 
 
 def _tell_the_ranking(stage: dict, record: dict) -> None:

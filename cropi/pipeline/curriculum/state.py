@@ -120,7 +120,7 @@ def check_summary(stage: dict) -> dict:
     if not trained.get("checked"):
         return {"checked": False, "reason": trained.get("unchecked") or record.get("unchecked")}
     keys = ("index", "arm", "fraction", "steps", "objective", "change", "se", "margin", "action", "zero_share",
-            "widened", "widened_by", "race", "n_prompts", "filled", "warnings")
+            "widened", "widened_by", "race", "n_prompts", "filled", "warnings", "saturated", "widen_race")
     start, end = record.get("start", {}), record.get("end", {})
 
     fresh_keys = ("objective", "change", "se", "margin", "action", "stream", "on", "prompts", "best_part", "best_stage")
@@ -134,7 +134,12 @@ def check_summary(stage: dict) -> dict:
                       **({"pool_flat": start["pool_flat"]} if start.get("pool_flat") else {})},
             "race": [check(e) for e in record.get("race", [])], "race_lead": record.get("race_lead"),
             "parts": [check(e) for e in record.get("parts", [])],
+            **({"widen_races": [{"part": r["part"], "arm": r["arm"], "fractions": r["fractions"],
+                                 "winner": r.get("winner"), "lead": r.get("lead"),
+                                 "entries": [check(e) for e in r["entries"]]} for r in record["widen_races"]]}
+               if record.get("widen_races") else {}),
             "end": {k: end.get(k) for k in ("arm", "fraction", "objective", "change", "margin", "cases")} | (
+                {"race_wider": end["race_wider"]} if end.get("race_wider") else {}) | (
                 {"best": _best_summary(start.get("best"))} if end else {})}
 
 
