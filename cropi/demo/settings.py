@@ -54,7 +54,10 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                                                      "saturation_reference": "stage_start"}},
                                        # the revision 13 candidate (docs/demo.md): a saturated part's widening is
                                        # raced against the current subset; the rest revision 12
-                                       "checked_widerace": {"check": {"enabled": True, "widen_check": "race"}}}
+                                       "checked_widerace": {"check": {"enabled": True, "widen_check": "race"}},
+                                       # the revision 14 candidate (docs/demo.md): the screen at alpha itself, the
+                                       # confirmation at alpha / C; the rest revision 12
+                                       "checked_screen": {"check": {"enabled": True, "screen": "alpha"}}}
 
 
 def is_checked(method: str) -> bool:

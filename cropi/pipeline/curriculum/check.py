@@ -96,6 +96,12 @@ class CheckOptions(BaseModel):
                               "restore the stage's best and train the pool on from it (revert), or record the "
                               "screen as no_fallback and keep the part (keep: issue 32's revision 5, which measured "
                               "lower on skills, docs/demo.md)")
+    screen: Literal["split", "alpha"] = Field(
+        "split", description="the level of the screen that asks for a confirmation: alpha split over the stage's "
+                             "checks, as the confirmation's (split: issue 32's revisions 3-12, whose two tests at "
+                             "that level reach power 0.61-0.70 of the stated power, docs/demo.md), or alpha itself "
+                             "(alpha: the revision 14 candidate; the confirmation alone, read on prompts and a stream "
+                             "the best was not chosen on, holds the stage's fallbacks under alpha)")
     test: Literal["t", "normal"] = Field(
         "t", description="the reference distribution of a screen's and a confirmation's change over its SE: "
                          "Student's t at the Welch-Satterthwaite degrees of freedom of the SE (the SE is estimated "
@@ -143,6 +149,14 @@ def z_value(p: float) -> float:
 def reversal_z(options: CheckOptions, checks: int) -> float:
     """One-sided ``z`` at ``alpha`` split over the stage's ``checks`` comparisons (Bonferroni)."""
     return z_value(1 - options.alpha / max(checks, 1))
+
+
+def screen_z(options: CheckOptions, checks: int) -> float:
+    """The screen's level as a normal quantile: ``reversal_z`` (``screen: split``), or one-sided at ``alpha``
+    itself (``alpha``). The confirmation stays at ``reversal_z``: read on fresh prompts and a fresh stream it is
+    independent of how the best was chosen, so over a stage's ``checks`` confirmations the union bound holds the
+    chance of a fallback under ``alpha`` at any screen level (benchmarks/check_power.py)."""
+    return reversal_z(options, checks) if options.screen == "split" else z_value(1 - options.alpha)
 
 
 def paired_change(after: Mapping[str, np.ndarray], before: Mapping[str, np.ndarray]) -> tuple[float, float]:

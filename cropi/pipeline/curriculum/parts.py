@@ -102,7 +102,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
     plan = {"steps": steps, "z": round(z, 6), "test": opts.test, "rerace": opts.rerace, "variance": variance,
             "prompts_per_set": n, "samples": samples, "arms": [config.selector, opts.fallback],
             "rollouts": trainer.options.rollouts, "widened": opts.widened, "sizing": opts.sizing,
-            "widen_check": opts.widen_check,
+            "widen_check": opts.widen_check, "screen_z": round(chk.screen_z(opts, len(steps)), 6),
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
@@ -386,7 +386,7 @@ class _Stage:
 
     def _decide(self, entry: dict, first: bool = False) -> None:
         best, pending = self._best(), {}
-        verdict = self._judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]))
+        verdict = self._judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]), screen=True)
         if verdict.action == "reverted" and entry["fraction"] >= 1 and self.opts.at_whole_pool == "keep":
             verdict = chk.without_fallback(verdict)  # both arms select the whole pool, nothing is wider (revision 5)
         if verdict.action == "reverted":  # the screen fired: read both again on a fresh stream
@@ -432,10 +432,12 @@ class _Stage:
         return any("reverted" in e["action"] and e["arm"] != entry["arm"] and e["fraction"] == entry["fraction"]
                    and e["then"]["checkpoint"] == checkpoint for e in self.record["parts"])
 
-    def _judge(self, values: dict, best: dict) -> chk.Verdict:
+    def _judge(self, values: dict, best: dict, screen: bool = False) -> chk.Verdict:
         """``chk.judge`` at the plan's level and test (a plan written before revision 7 has no ``test``: the
-        normal quantile it was planned with, so a resumed stage decides as it began)."""
-        return chk.judge(values, best, self.plan["z"], self.plan.get("test", "normal"))
+        normal quantile it was planned with, so a resumed stage decides as it began); a part's ``screen`` at the
+        plan's screen level (``check.screen``; a plan written before it screens at its ``z``)."""
+        z = self.plan.get("screen_z", self.plan["z"]) if screen else self.plan["z"]
+        return chk.judge(values, best, z, self.plan.get("test", "normal"))
 
     def _confirm(self, entry: dict, best: dict) -> chk.Verdict:
         """Both checkpoints read on a stream of their own (this stage and part) and on the confirmation's
