@@ -191,14 +191,16 @@ def test_a_fall_beyond_the_margin_reverts_and_one_at_the_margin_does_not():
     assert chk.judge(fell, best, z_at, "t").action == "kept"
 
 
-def _stage_false_alarms(stages: int, confirm: bool, *, parts=4, prompts=40, samples=4, alpha=0.05, seed=0):
+def _stage_false_alarms(stages: int, confirm: bool, *, parts=4, prompts=40, samples=4, alpha=0.05, seed=0,
+                        screen="split"):
     """Share of stages with a reversal when nothing changes: every reading of the (unchanged) model draws its
     own Bernoulli samples (no common random numbers: the worst case), each part is screened against the
     stage's best reading (the maximum so far), and, with ``confirm``, a fired screen reads both again on
     fresh draws and reverts only if that pair's own test fires."""
     rng = np.random.default_rng(seed)
     p = rng.uniform(0.1, 0.9, size=(2, prompts))
-    z, test = chk.reversal_z(CheckOptions(alpha=alpha), parts), CheckOptions().test
+    options = CheckOptions(alpha=alpha, screen=screen)
+    z, test, screen_z = chk.reversal_z(options, parts), options.test, chk.screen_z(options, parts)
 
     def read():
         return {f"val_{j}": rng.binomial(samples, p[j]) / samples for j in range(2)}
@@ -208,7 +210,7 @@ def _stage_false_alarms(stages: int, confirm: bool, *, parts=4, prompts=40, samp
         best = read()
         for _ in range(parts):
             now = read()
-            verdict = chk.judge(now, best, z, test)
+            verdict = chk.judge(now, best, screen_z, test)
             if confirm and verdict.action == "reverted":
                 verdict = chk.confirmed(verdict, chk.judge(read(), read(), z, test))
             if verdict.action == "reverted":
@@ -229,6 +231,65 @@ def test_a_confirmed_reversal_errs_at_the_stated_rate_where_the_best_alone_does_
     mc = 3 * math.sqrt(0.05 * 0.95 / stages)
     assert screened > 0.05 + mc  # measured 0.088 at these settings with t, 0.098 with the normal (confirmed: 0.0013)
     assert confirmed <= 0.05 + mc
+
+
+def test_the_screen_at_alpha_keeps_a_stages_fallbacks_under_alpha_and_confirms_more_real_falls():
+    """``screen: alpha``: the screen only asks for the confirmation, which stays at alpha / C on fresh readings, so on
+    a plateau a stage falls back at most alpha of the time (a confirmation at the screen's level too would not:
+    about 0.4 confirmations a stage at 0.05 each); on a real fall of resolve at the plan's sample size the rule
+    reverts more often than the screen-and-confirm at alpha / C, whose power is about the product of its two tests'
+    (benchmarks/check_power.py)."""
+    assert chk.screen_z(CheckOptions(), 4) == chk.reversal_z(CheckOptions(), 4)
+    assert chk.screen_z(CheckOptions(screen="alpha"), 4) == pytest.approx(1.6448536, abs=1e-6)
+    stages = 1500
+    mc = 3 * math.sqrt(0.05 * 0.95 / stages)
+    assert _stage_false_alarms(stages, confirm=True, screen="alpha") <= 0.05 + mc  # measured 0.0047
+    rng = np.random.default_rng(3)
+    p = rng.uniform(0.1, 0.9, size=(2, 2, 47))  # check prompts and held-out ones, two sets: the plan's 47 at v 0.2
+    powers = {}
+    for screen in ("split", "alpha"):
+        options = CheckOptions(screen=screen)
+        z, level = chk.reversal_z(options, 4), chk.screen_z(options, 4)
+
+        def read(rates, fall=0.0):
+            return {f"v{j}": rng.binomial(4, np.clip(rates[j] - fall, 0, 1)) / 4 for j in range(2)}
+
+        hits = 0
+        for _ in range(800):
+            if chk.judge(read(p[0], 0.1), read(p[0]), level, "t").action == "reverted":
+                hits += chk.judge(read(p[1], 0.1), read(p[1]), z, "t").action == "reverted"
+        powers[screen] = hits / 800
+    assert powers["alpha"] > powers["split"] + 3 * math.sqrt(0.25 / 800)  # measured 0.74 against 0.63
+
+
+def test_the_screen_at_alpha_asks_for_a_confirmation_that_stays_at_alpha_over_the_checks(setup, monkeypatch):
+    from cropi.pipeline.curriculum import parts as stage
+
+    levels, inside, judge, confirm = [], [], chk.judge, stage._Stage._confirm
+
+    def confirming(self, entry, best):
+        inside.append(True)
+        try:
+            return confirm(self, entry, best)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(chk, "judge", lambda v, b, z, test: levels.append((round(z, 6), bool(inside)))
+                        or judge(v, b, z, test))
+    monkeypatch.setattr(stage._Stage, "_confirm", confirming)
+    split, alpha = round(chk.reversal_z(CheckOptions(), 4), 6), round(chk.z_value(0.95), 6)
+    for screen in ("alpha", "split"):
+        levels.clear()
+        result = _run(setup, monkeypatch, PartTrainer(turn=3, drop=0.2, fallback_step=0.005), f"screen-{screen}",
+                      stages=1, check={"parts": 4, "samples": 8, "resolve": 0.5, "screen": screen})
+        first = _check(result, 0)
+        confirmed = [e for e in first["parts"] if e.get("confirm")]
+        assert confirmed and "reverted" in confirmed[0]["action"]  # the drop after step 3 fell, and was confirmed
+        level = alpha if screen == "alpha" else split
+        assert first["plan"]["screen_z"] == pytest.approx(level, abs=1e-6)
+        screens = [z for z, confirming_now in levels if not confirming_now]
+        assert screens[:len(first["parts"])] == [level] * len(first["parts"])  # every part's screen
+        assert {z for z, confirming_now in levels if confirming_now} == {split}  # every confirmation at alpha / C
 
 
 def test_a_screen_the_fresh_reading_does_not_confirm_is_kept():
