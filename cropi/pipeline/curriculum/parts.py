@@ -249,15 +249,19 @@ class _Stage:
             self.state.save()
         winner = max(entries, key=lambda e: (e["objective"], e["arm"] == self.arms[0]))
         loser = next(e for e in entries if e is not winner)
-        self.record["race_lead"] = chk.race_lead(chk.from_lists(winner["values"]), chk.from_lists(loser["values"]),
-                                                 self.opts.alpha, self.plan.get("test", "normal"))
-        spent = start["spent"]
-        for e in sorted(entries, key=lambda e: e is winner):  # the loser first, then the winner
-            e["race"], e["spent_start"] = ("won" if e is winner else "lost"), spent
-            spent += e["steps"]
-        self.record["race"] = sorted(entries, key=lambda e: e is winner)
+        self.record["race_lead"] = self._settle(winner, loser, start["spent"])
+        self.record["race"] = [loser, winner]
         self.record["raced"] = True
         self._decide(dict(winner), first=True)
+
+    def _settle(self, winner: dict, loser: dict, spent: int) -> dict:
+        """A decided race (the arms', or a widening one): each entry marked won or lost, the loser's steps spent
+        first from ``spent`` and the winner's after them; returns the winner's lead (``chk.race_lead``)."""
+        for e in (loser, winner):
+            e["race"], e["spent_start"] = ("won" if e is winner else "lost"), spent
+            spent += e["steps"]
+        return chk.race_lead(chk.from_lists(winner["values"]), chk.from_lists(loser["values"]), self.opts.alpha,
+                             self.plan.get("test", "normal"))
 
     def remaining(self) -> int:
         """Steps of the stage's budget not yet spent (every trained part counts, the race's loser too)."""
@@ -301,12 +305,7 @@ class _Stage:
         current, wider = race["entries"]
         winner = wider if wider["objective"] >= current["objective"] else current
         loser = current if winner is wider else wider
-        spent = min(e["spent_start"] for e in race["entries"])
-        for e in (loser, winner):  # the loser first, then the winner
-            e["race"], e["spent_start"] = ("won" if e is winner else "lost"), spent
-            spent += e["steps"]
-        race["lead"] = chk.race_lead(chk.from_lists(winner["values"]), chk.from_lists(loser["values"]),
-                                     self.opts.alpha, self.plan.get("test", "normal"))
+        race["lead"] = self._settle(winner, loser, min(e["spent_start"] for e in race["entries"]))
         race["winner"] = winner["fraction"]
         self._decide(dict(winner) | {"widen_race": len(races) - 1})
 
