@@ -40,7 +40,8 @@ SKEWED = remix("skewed", ("nth", "min"), {"nth": 0.1, "min": 0.1, "above": 0.3, 
 # regime of the held-out task 2. Each is run further only if its oracle beats full-pool training (seed 0).
 _REST = {s: 0.19 for s in ("max", "min", "after", "before", "above")}
 RARE_NTH = remix("rare_nth", ("nth",), {"nth": 0.05, **_REST}, "nth, a twentieth of a pool of the five other skills")
-AMID = remix("amid", ("after",), {"after": 0.05, "before": 0.5, **{s: 0.1125 for s in ("max", "min", "above", "nth")}},
+_AMID_POOL = {"after": 0.05, "before": 0.5, **{s: 0.1125 for s in ("max", "min", "above", "nth")}}
+AMID = remix("amid", ("after",), _AMID_POOL,
              "after, a twentieth of a pool half of which is before, its mirror rule")
 RARE_PAIR = remix("rare_pair", ("nth", "after"),
                   {"nth": 0.04, "after": 0.04, **{s: 0.23 for s in ("max", "min", "above", "before")}},
@@ -55,3 +56,16 @@ MIRROR = remix("mirror", ("before",), {"before": 0.1, "after": 1 / 3, **{s: (1 -
 BROAD = remix("broad", ("min", "after", "nth"), {"min": 0.2, "after": 0.2, "nth": 0.2, "max": 0.4 / 3,
                                                  "above": 0.4 / 3, "before": 0.4 / 3},
               "min, after and nth, 60% of the pool")
+# Candidates for a task like the held-out task 2 (docs/demo.md, "round 15"; committed with its design, before
+# any run on them), each tried in this order with the fixed rules alone until one has CROPI's rule ahead of `diverse`
+# by at least 0.03 AUC over 3 seeds: `amid` (the task where CROPI's rule led most, +0.022) with its pool doubled, so
+# that CROPI's subset passes its prompts half as often; `skewed` (+0.016) with its targets rarer; `amid` with more of
+# its mirror rule.
+_amid_big = remix("amid_big", ("after",), _AMID_POOL, "after, a twentieth of a pool of 2400 half of which is before")
+AMID_BIG = dataclasses.replace(_amid_big, sizes={**_amid_big.sizes, "pool": 2400})
+SKEWED_RARE = remix("skewed_rare", ("nth", "min"),
+                    {"nth": 0.05, "min": 0.05, "above": 0.4, "before": 0.4, "max": 0.05, "after": 0.05},
+                    "nth and min, a twentieth of the pool each, the pool mostly above and before")
+HEAVY_MIRROR = remix("heavy_mirror", ("after",),
+                     {"after": 0.05, "before": 0.7, **{s: 0.0625 for s in ("max", "min", "above", "nth")}},
+                     "after, a twentieth of a pool 70% of which is before, its mirror rule")
