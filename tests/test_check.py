@@ -927,6 +927,38 @@ def test_a_curriculum_killed_inside_a_later_stages_race_resumes_it_and_decides_a
     assert [s["global_step"] for s in result["stages"]] == [s["global_step"] for s in whole["stages"]] == [8, 16]
 
 
+@pytest.mark.parametrize("crash_at", [None, 2])
+def test_a_half_length_race_trains_each_arm_half_a_part_and_the_winner_goes_on_from_its_own_checkpoint(
+        setup, monkeypatch, crash_at):
+    """``race_length: half``: 8 steps in parts of 2; each arm trains 1 step from the stage's start, the better (the
+    fallback, which gains twice the primary's step) is part 0 and the stage goes on from its checkpoint; the two
+    halves are one part of the budget, so three planned parts follow (2, 2, and the 2 that remain), not two as after
+    a whole part's race. Killed after its first arm, the race resumes with the other and decides as unbroken."""
+    opts = {"check": {"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "half"}}
+    name = f"half-race-{crash_at}"
+    if crash_at:
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            _run(setup, monkeypatch, PartTrainer(crash_at=crash_at), name, **opts)
+        state = json.loads((Path(setup["root"]) / "curricula" / name / "state.json").read_text())
+        assert [e["arm"] for e in state["stages"][0]["check"]["race"]] == ["cropi"]  # one arm raced, kept
+    trainer = PartTrainer()
+    result = _run(setup, monkeypatch, trainer, name, **opts)
+    first = _check(result, 0)
+    stage0 = [c for c in trainer.calls if c["stage"] == 0]
+    assert [c["steps"] for c in stage0] == ([1] if crash_at else [1, 1]) + [2, 2, 2]
+    assert [(e["arm"], e["race"], e["steps"]) for e in first["race"]] == [("cropi", "lost", 1), ("diverse", "won", 1)]
+    winner = first["parts"][0]
+    assert winner["arm"] == "diverse" and winner["steps"] == 1 and len(first["parts"]) == 4
+    state = json.loads((Path(setup["root"]) / "curricula" / name / "state.json").read_text())
+    ours = state["stages"][0]["check"]["parts"][0]["checkpoint"]
+    assert stage0[len(stage0) - 3]["model"] == ours  # on from the winner's own checkpoint
+    assert [e["spent_start"] for e in state["stages"][0]["check"]["race"]] == [0, 1]  # the loser's step first
+    assert [s["global_step"] for s in result["stages"]] == [8, 16]
+    steps = [json.loads(line)["step"] for s in result["stages"]
+             for line in Path(s["metrics_path"]).read_text().splitlines() if "eval" not in json.loads(line)]
+    assert steps == list(range(1, 17))  # every trained step once, on the curriculum's spent-step axis
+
+
 def test_too_small_a_validation_set_runs_the_stage_unchecked_and_names_the_size_it_needs(setup, monkeypatch):
     trainer = PartTrainer()
     result = _run(setup, monkeypatch, trainer, "check-small",

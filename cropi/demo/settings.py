@@ -57,7 +57,10 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "checked_widerace": {"check": {"enabled": True, "widen_check": "race"}},
                                        # the revision 14 candidate (docs/demo.md): the screen at alpha itself, the
                                        # confirmation at alpha / C; the rest revision 12
-                                       "checked_screen": {"check": {"enabled": True, "screen": "alpha"}}}
+                                       "checked_screen": {"check": {"enabled": True, "screen": "alpha"}},
+                                       # the round 15 candidate (docs/demo.md): each arm of the race trains half a
+                                       # part; the rest revision 12
+                                       "checked_halfrace": {"check": {"enabled": True, "race_length": "half"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -103,6 +103,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
             "prompts_per_set": n, "samples": samples, "arms": [config.selector, opts.fallback],
             "rollouts": trainer.options.rollouts, "widened": opts.widened, "sizing": opts.sizing,
             "widen_check": opts.widen_check, "screen_z": round(chk.screen_z(opts, len(steps)), 6),
+            "race_length": opts.race_length,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
@@ -239,12 +240,15 @@ class _Stage:
     def race(self) -> None:
         """The stage's first part with each arm from its start (theta_0 at stage 0); the better objective goes on
         (ties: the primary). The loser's steps are spent first (the winner's part follows them), out of the
-        stage's own steps."""
+        stage's own steps. With ``race_length: half`` each arm trains half the part."""
         start = self.record["start"]
         entries = self.record.setdefault("race", [])
+        steps = min(self.plan["steps"][0], self.config.steps_per_stage // 2)
+        if self._half_race():
+            steps = max(1, steps // 2)
         for arm in self.arms[len(entries):]:
             entry = self._train(0, arm, start["fraction"], start["checkpoint"], start["spent"], tag=f"race-{arm}",
-                                steps=min(self.plan["steps"][0], self.config.steps_per_stage // 2))
+                                steps=steps)
             entries.append(entry)
             self.state.save()
         winner = max(entries, key=lambda e: (e["objective"], e["arm"] == self.arms[0]))
@@ -253,6 +257,11 @@ class _Stage:
         self.record["race"] = [loser, winner]
         self.record["raced"] = True
         self._decide(dict(winner), first=True)
+
+    def _half_race(self) -> bool:
+        """Whether the arms' race trains each arm half a part (read from the plan: a stage planned before the
+        option resumes as it began)."""
+        return self.plan.get("race_length", "part") == "half"
 
     def _settle(self, winner: dict, loser: dict, spent: int) -> dict:
         """A decided race (the arms', or a widening one): each entry marked won or lost, the loser's steps spent
@@ -274,8 +283,10 @@ class _Stage:
         if self._racing(j) or (cur.get("race_wider") and self.remaining() >= 2 * size):
             self.widen_race(j, size)
             return
-        # a race took one part of the budget beside its winner's: the arms' race, and every widening race
-        last = j >= len(planned) - 1 - (1 if self.races else 0) - len(self.record.get("widen_races", []))
+        # a race took one part of the budget beside its winner's: the arms' race (a half-length one: its two halves
+        # together one part, the winner's), and every widening race
+        arms_race = 1 if self.races and not self._half_race() else 0
+        last = j >= len(planned) - 1 - arms_race - len(self.record.get("widen_races", []))
         steps = self.remaining() if last else min(size, self.remaining())
         entry = self._train(j, cur["arm"], cur["fraction"], cur["checkpoint"], self._spent(), tag=f"part-{j}",
                             steps=steps)
