@@ -226,13 +226,15 @@ def _job(a):
 
 
 def _demo_args(p):
-    from cropi.demo.settings import METHODS, known_methods
+    from cropi.demo.settings import METHODS, DemoSettings, known_methods
     from cropi.tasks.base import BUILTIN, DEFAULT_TASK
 
     p.add_argument("--quick", action="store_true", help="fewer prompts, stages, steps and seeds (a few minutes)")
     p.add_argument("--out", default="out/demo", help="output folder (rerun with the same folder to resume)")
     p.add_argument("--seeds", type=int, help="training seeds per method (default: 3, --quick: 2)")
     p.add_argument("--workers", type=int, help="worker processes (default 2: one per core)")
+    p.add_argument("--pool-size", type=int, help=DemoSettings.model_fields["pool_size"].description
+                   + f" (default: {DemoSettings.model_fields['pool_size'].default}, --quick: 360)")
     p.add_argument("--task", help=f"built-in task ({', '.join(BUILTIN)}; default {DEFAULT_TASK}) or "
                                   "module:attribute naming a cropi.tasks.Task (docs/demo.md)")
     p.add_argument("--methods", help=f"comma-separated methods (default: {','.join(METHODS)}; "
@@ -245,7 +247,7 @@ def _demo_args(p):
 def _demo(a):
     from cropi.demo import DemoSettings, run_demo
 
-    given = {"seeds": a.seeds, "workers": a.workers, "task": a.task,
+    given = {"seeds": a.seeds, "workers": a.workers, "task": a.task, "pool_size": a.pool_size,
              "methods": tuple(a.methods.split(",")) if a.methods else None}
     overrides = {k: v for k, v in given.items() if v is not None}
     settings = DemoSettings.make(quick=a.quick, **overrides)

@@ -521,6 +521,15 @@ def test_a_task_defined_outside_the_package_runs_the_quick_demo(tmp_path, monkey
         DemoSettings.make(task="no_such_module:TASK")
 
 
+def test_demo_pool_size_reaches_the_settings_and_more_than_the_tasks_pool_is_refused(tmp_path, capsys):
+    """`--pool-size` (a task's pool above the default 1,200, as robustness_tasks.AMID_BIG's 2,400) is the settings'
+    own field: a size the task lacks is refused with the most it has, before anything runs or is written."""
+    from cropi.cli import main
+
+    assert main(["demo", "--pool-size", "1201", "--out", str(tmp_path / "demo")]) != 0
+    assert "pool_size 1201 (at most 1200)" in capsys.readouterr().err and not (tmp_path / "demo").exists()
+
+
 def test_a_remix_defined_outside_the_package_starts_from_the_shipped_model_it_names(tmp_path):
     """A task whose ``model_of`` names a built-in task, with that task's recipe, warm-start prompts and answers,
     starts from the shipped model itself (byte for byte), not from this machine's rebuild of it; a task that
