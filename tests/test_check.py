@@ -1108,6 +1108,30 @@ def _widening_run(setup, monkeypatch, trainer, name, widen_check="race"):
                 check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False, "widen_check": widen_check})
 
 
+@pytest.mark.parametrize("step,widen_when,fractions", [(0.01, "stalled", [0.2, 0.2, 0.2, 0.2]),
+                                                       (0.0, "stalled", [0.2, 0.4, 0.8, 1.0]),
+                                                       (0.01, "saturated", [0.2, 0.4, 0.8, 1.0])])
+def test_a_saturated_part_still_rising_keeps_its_fraction_under_widen_when_stalled(setup, monkeypatch, step,
+                                                                                  widen_when, fractions):
+    """Every part reads saturated. ``widen_when: stalled``: a part whose rise over the best is resolved (the scripted
+    readings move every prompt alike, so any rise is) keeps its fraction, and records that reading; a part that did
+    not rise widens as revision 12 does. Under ``saturated`` (revision 12) the rising subset widens part after part."""
+    trainer = WideningTrainer(wide=step, base=0.2, step=step)
+    result = _run(setup, monkeypatch, trainer, f"stalled-{step}-{widen_when}", select_fraction=0.2,
+                  check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False, "widen_when": widen_when})
+    parts = _check(result, 0)["parts"]
+    assert [e["fraction"] for e in parts] == fractions
+    state = json.loads((Path(setup["root"]) / "curricula" / f"stalled-{step}-{widen_when}" / "state.json").read_text())
+    rising = [e.get("rising") for e in state["stages"][0]["check"]["parts"]]
+    if widen_when == "saturated":
+        assert rising == [None] * 4  # not read: revision 12 widens on saturation alone
+    else:
+        assert [r["resolved"] for r in rising[:3]] == [step > 0] * 3 and all(r["alpha"] == 0.05 for r in rising[:3])
+        assert all(r["lead"] == pytest.approx(e["change"], abs=2e-6) for r, e in zip(rising[:3], parts))
+        assert [e.get("rising") for e in parts] == rising  # the stage's answer shows the reading as recorded
+        assert ("saturated_rising" in _check(result, 0)["end"]["cases"]) == (step > 0)
+
+
 @pytest.mark.parametrize("wide,winner", [(0.05, 0.4), (-0.01, 0.2)])
 def test_a_saturated_part_races_its_doubled_fraction_and_the_higher_reading_goes_on(setup, monkeypatch, wide, winner):
     """``widen_check: race``: part 0 of stage 0 is saturated, so part 1 trains the current subset (0.2) and the

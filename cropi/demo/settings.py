@@ -60,7 +60,10 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "checked_screen": {"check": {"enabled": True, "screen": "alpha"}},
                                        # the round 15 candidate (docs/demo.md): each arm of the race trains half a
                                        # part; the rest revision 12
-                                       "checked_halfrace": {"check": {"enabled": True, "race_length": "half"}}}
+                                       "checked_halfrace": {"check": {"enabled": True, "race_length": "half"}},
+                                       # the round 16 candidate (docs/demo.md): a saturated part widens only when
+                                       # its rise is not resolved; the rest revision 12
+                                       "checked_stalled": {"check": {"enabled": True, "widen_when": "stalled"}}}
 
 
 def is_checked(method: str) -> bool:

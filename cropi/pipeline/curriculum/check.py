@@ -86,6 +86,12 @@ class CheckOptions(BaseModel):
                                       "ranks again), or goes on with the arm the reversal switched to (never: issue "
                                       "32's revisions 1-7)")
     widen: bool = Field(True, description="double the selected fraction when the subset saturates")
+    widen_when: Literal["saturated", "stalled"] = Field(
+        "saturated", description="when a kept part widens: whenever it reads saturated (saturated: issue 32's "
+                                 "revisions 4-12), or only when it is saturated and its rise over the best it was "
+                                 "judged against is not resolved at alpha (stalled: the round 16 candidate, "
+                                 "docs/demo.md; the zero share says the subset gives less signal a step, the "
+                                 "reading says whether what it gives still moves the targets)")
     widen_check: Literal["none", "race"] = Field(
         "none", description="what a saturated part's widening is: at once (none: issue 32's revisions 4-12), or a "
                             "race over the stage's next part from that part's checkpoint between the current subset "

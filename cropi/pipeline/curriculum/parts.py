@@ -14,7 +14,8 @@ curriculum resumes at the part it was in without repeating or losing a decision:
              subset's prompts the fill drew; a subset short of a batch: its fill and its `warnings`), the
              check's reading and action (and, when the screen fired, its confirmation on held-out prompts and
              a fresh stream: `confirm`;
-             with `at_whole_pool: keep`, a fall at the whole pool is `no_fallback` and the part kept)
+             with `at_whole_pool: keep`, a fall at the whole pool is `no_fallback` and the part kept; with
+             `widen_when: stalled`, a saturated part's rise over the best and whether it is resolved: `rising`)
     widen_races  with ``widen_check: race``: per race, the part it stands for, the current and the doubled
              fraction, both entries trained from one checkpoint (the winner is also that part of ``parts``), the
              winner's fraction and ``lead``; a saturated part records the race it asks for (``saturated``)
@@ -103,7 +104,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
             "prompts_per_set": n, "samples": samples, "arms": [config.selector, opts.fallback],
             "rollouts": trainer.options.rollouts, "widened": opts.widened, "sizing": opts.sizing,
             "widen_check": opts.widen_check, "screen_z": round(chk.screen_z(opts, len(steps)), 6),
-            "race_length": opts.race_length,
+            "race_length": opts.race_length, "widen_when": opts.widen_when,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
@@ -333,6 +334,8 @@ class _Stage:
                                    or any(e.get("saturated") for e in self.record["parts"])),
                                   ("raced_wider", any(r["winner"] > r["fractions"][0] for r in raced)),
                                   ("kept_narrower", any(r["winner"] == r["fractions"][0] for r in raced)),
+                                  ("saturated_rising", any((e.get("rising") or {}).get("resolved")
+                                                           for e in self.record["parts"])),
                                   ("both_arms_fell", "both_arms_fell" in widened_by),
                                   ("no_fallback", "no_fallback" in actions),
                                   ("helped", final.change > final.margin)) if hit] or ["flat"]
@@ -416,7 +419,8 @@ class _Stage:
             if verdict.value > chk.objective(chk.from_lists(best["values"])):
                 self.record["start"]["best"] = {"stage": self.m, "part": entry["index"], "checkpoint": checkpoint,
                                                 "values": entry["values"]}
-            if self.opts.widen and fraction < 1 and entry.get("zero_share") is not None and self._saturated(entry):
+            if (self.opts.widen and fraction < 1 and entry.get("zero_share") is not None and self._saturated(entry)
+                    and not self._rising(entry, best)):
                 if self.plan.get("widen_check", "none") == "race":  # the next part races the doubled fraction
                     pending = {"race_wider": min(1.0, 2 * fraction)}
                     entry["saturated"] = pending["race_wider"]
@@ -426,6 +430,16 @@ class _Stage:
         self.record["start"]["current"] = entry["then"]
         self.record["parts"].append(entry)
         self.state.save()
+
+    def _rising(self, entry: dict, best: dict) -> bool:
+        """``widen_when: stalled``: whether the part's rise over the best it was judged against is resolved (one-sided
+        at alpha, ``chk.race_lead``'s test), recorded as ``rising``; a rising part keeps its fraction. Always False
+        under ``saturated`` (read from the plan: a stage planned before the option resumes as it began)."""
+        if self.plan.get("widen_when", "saturated") != "stalled":
+            return False
+        entry["rising"] = chk.race_lead(chk.from_lists(entry["values"]), chk.from_lists(best["values"]),
+                                        self.opts.alpha, self.plan.get("test", "normal"))
+        return entry["rising"]["resolved"]
 
     def _saturated(self, entry: dict) -> bool:
         """The part's all-equal share against the pool's: read at the stage's start where the stage did

@@ -126,8 +126,9 @@ def check_summary(stage: dict) -> dict:
     fresh_keys = ("objective", "change", "se", "margin", "action", "stream", "on", "prompts", "best_part", "best_stage")
 
     def check(e: dict) -> dict:  # a screen's fresh reading, when it fired: its change, SE, margin, verdict
-        fresh = e.get("confirm")
-        return {k: e.get(k) for k in keys} | ({"confirm": {k: fresh.get(k) for k in fresh_keys}} if fresh else {})
+        fresh = e.get("confirm")  # and with widen_when: stalled a saturated part's rise and whether it is resolved
+        return ({k: e.get(k) for k in keys} | ({"confirm": {k: fresh.get(k) for k in fresh_keys}} if fresh else {})
+                | ({"rising": e["rising"]} if e.get("rising") else {}))
 
     return {"checked": True, "plan": {k: v for k, v in record.get("plan", {}).items() if k != "variance"},
             "start": {"arm": start.get("arm"), "fraction": start.get("fraction"), "objective": start.get("objective"),
