@@ -1104,8 +1104,11 @@ class WideningTrainer(PartTrainer):
 
 
 def _widening_run(setup, monkeypatch, trainer, name, widen_check="race"):
+    """The widening's mechanics under revision 12's trigger (a saturated part widens whether or not it still rises:
+    every part here rises by a resolved step, which revision 16's ``widen_when: stalled`` would keep narrow)."""
     return _run(setup, monkeypatch, trainer, name, select_fraction=0.2,
-                check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False, "widen_check": widen_check})
+                check={"parts": 4, "samples": 8, "resolve": 0.5, "race": False, "widen_check": widen_check,
+                       "widen_when": "saturated"})
 
 
 @pytest.mark.parametrize("step,widen_when,fractions", [(0.01, "stalled", [0.2, 0.2, 0.2, 0.2]),

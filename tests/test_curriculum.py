@@ -282,8 +282,8 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
                           ).resume_key() != "d5ca290d348b234d"  # and the screen at alpha (revision 14's candidate)
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_length="half")}
                           ).resume_key() != "d5ca290d348b234d"  # and the half-length race (round 15's candidate)
-    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, widen_when="stalled")}
-                          ).resume_key() != "d5ca290d348b234d"  # and widening once stalled (round 16's candidate)
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, widen_when="saturated")}
+                          ).resume_key() != "d5ca290d348b234d"  # and revision 12's widening, since round 16 not the default
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, best_of="stage")}
                           ).resume_key() != "d5ca290d348b234d"  # and the best of the stage alone (before revision 6)
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, test="normal")}

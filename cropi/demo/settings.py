@@ -24,6 +24,9 @@ METHODS = (DEFAULT_METHOD, "cropi", "diverse", "full", "informative")
 CONTROLS = ("random", "pass_rate", "oracle")
 # CROPI with one scoring option changed (opt-in with ``methods``): demo method -> curriculum config fields; a
 # ``selector`` there replaces CROPI's rule as the curriculum's selector (``selection_of``).
+# Every variant below up to checked_halfrace ran, and stays, with revision 12's widening: a saturated part widens at
+# once (check.widen_when: saturated); revision 16 (round 16, docs/demo.md) widens it only once its rise is not resolved.
+_AT_ONCE = {"widen_when": "saturated"}
 VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": True}},
                                        "cropi_by_answer": {"validation_groups": "answer"},
                                        "cropi_theta": {"loss": {"advantage": "theta"}},
@@ -33,37 +36,43 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                                                            "budget": 0.2}},
                                        # the checked curriculum as issue 32's revision 8 left it: theta_0's groups
                                        # ranked at every stage, none refreshed (check.refresh, docs/demo.md round 9)
-                                       "checked_rev8": {"check": {"enabled": True, "refresh": "never"}},
+                                       "checked_rev8": {"check": {"enabled": True, "refresh": "never", **_AT_ONCE}},
                                        # revision 9: theta_0's groups refreshed both ways, mixed ones too (the
                                        # default refreshes only the all-equal ones: revision 10, docs/demo.md)
-                                       "checked_rev9": {"check": {"enabled": True, "refresh": "status"}},
+                                       "checked_rev9": {"check": {"enabled": True, "refresh": "status", **_AT_ONCE}},
                                        # revision 10: a widened subset is the arm's own pick, which stops at its
                                        # candidates (the default fills it to its share of the pool: revision 11)
-                                       "checked_rev10": {"check": {"enabled": True, "widened": "selection"}},
+                                       "checked_rev10": {"check": {"enabled": True, "widened": "selection",
+                                                                   **_AT_ONCE}},
                                        # revision 11: every stage's sample sized from theta_0's variance, no floor
                                        # (the default sizes it at the stage's start: revision 12)
-                                       "checked_rev11": {"check": {"enabled": True, "sizing": "theta_0"}},
+                                       "checked_rev11": {"check": {"enabled": True, "sizing": "theta_0", **_AT_ONCE}},
                                        # exploratory after the held-out readings (docs/demo.md): no race, diverse
                                        # the primary arm and CROPI's rule the fallback; the rest revision 12
                                        "checked_norace": {"selector": "diverse",
                                                           "check": {"enabled": True, "race": False,
-                                                                    "fallback": "cropi"}},
+                                                                    "fallback": "cropi", **_AT_ONCE}},
                                        # exploratory after the rare-target readings (docs/demo.md): saturation judged
                                        # against the pool read at each stage's start; the rest revision 12
                                        "checked_flatref": {"check": {"enabled": True,
-                                                                     "saturation_reference": "stage_start"}},
+                                                                     "saturation_reference": "stage_start",
+                                                                     **_AT_ONCE}},
                                        # the revision 13 candidate (docs/demo.md): a saturated part's widening is
                                        # raced against the current subset; the rest revision 12
-                                       "checked_widerace": {"check": {"enabled": True, "widen_check": "race"}},
+                                       "checked_widerace": {"check": {"enabled": True, "widen_check": "race",
+                                                                      **_AT_ONCE}},
                                        # the revision 14 candidate (docs/demo.md): the screen at alpha itself, the
                                        # confirmation at alpha / C; the rest revision 12
-                                       "checked_screen": {"check": {"enabled": True, "screen": "alpha"}},
+                                       "checked_screen": {"check": {"enabled": True, "screen": "alpha", **_AT_ONCE}},
                                        # the round 15 candidate (docs/demo.md): each arm of the race trains half a
                                        # part; the rest revision 12
-                                       "checked_halfrace": {"check": {"enabled": True, "race_length": "half"}},
-                                       # the round 16 candidate (docs/demo.md): a saturated part widens only when
-                                       # its rise is not resolved; the rest revision 12
-                                       "checked_stalled": {"check": {"enabled": True, "widen_when": "stalled"}}}
+                                       "checked_halfrace": {"check": {"enabled": True, "race_length": "half",
+                                                                      **_AT_ONCE}},
+                                       # the round 16 candidate, now the default (revision 16): a saturated part
+                                       # widens only when its rise is not resolved
+                                       "checked_stalled": {"check": {"enabled": True, "widen_when": "stalled"}},
+                                       # revision 12, the default before round 16
+                                       "checked_rev12": {"check": {"enabled": True, **_AT_ONCE}}}
 
 
 def is_checked(method: str) -> bool:

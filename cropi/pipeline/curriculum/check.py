@@ -26,7 +26,9 @@ temperature) and decides, from the measured noise alone:
   up over the stages;
 - ``widened`` (the fraction doubles, the subset filled up to that share of the pool: ``filled``): the part's
   share of all-equal reward groups (zero gradient) exceeds the pool's expected
-  share (``flat_share``) by more than ``z_{1-alpha}`` binomial standard errors; or both arms have now
+  share (``flat_share``) by more than ``z_{1-alpha}`` binomial standard errors and (``widen_when: stalled``,
+  revision 16) the part's rise over the best is not resolved at alpha, since a subset that still moves the
+  targets is working however few nonzero gradients it gives a step; or both arms have now
   fallen (confirmed) from the same checkpoint, which is evidence against the fraction, not against one arm
   (parts.py);
   with ``widen_check: race`` a saturation does not widen at once: the next part races the current subset against
@@ -86,12 +88,12 @@ class CheckOptions(BaseModel):
                                       "ranks again), or goes on with the arm the reversal switched to (never: issue "
                                       "32's revisions 1-7)")
     widen: bool = Field(True, description="double the selected fraction when the subset saturates")
-    widen_when: Literal["saturated", "stalled"] = Field(
-        "saturated", description="when a kept part widens: whenever it reads saturated (saturated: issue 32's "
-                                 "revisions 4-12), or only when it is saturated and its rise over the best it was "
-                                 "judged against is not resolved at alpha (stalled: the round 16 candidate, "
-                                 "docs/demo.md; the zero share says the subset gives less signal a step, the "
-                                 "reading says whether what it gives still moves the targets)")
+    widen_when: Literal["stalled", "saturated"] = Field(
+        "stalled", description="when a kept part widens: only when it is saturated and its rise over the best it "
+                               "was judged against is not resolved at alpha (stalled: issue 32's revision 16, "
+                               "docs/demo.md round 16; the zero share says the subset gives fewer nonzero gradients "
+                               "a step, the reading says whether those still move the targets), or whenever it "
+                               "reads saturated (saturated: revisions 4-12)")
     widen_check: Literal["none", "race"] = Field(
         "none", description="what a saturated part's widening is: at once (none: issue 32's revisions 4-12), or a "
                             "race over the stage's next part from that part's checkpoint between the current subset "
