@@ -226,7 +226,7 @@ def _job(a):
 
 
 def _demo_args(p):
-    from cropi.demo.settings import METHODS, DemoSettings, known_methods
+    from cropi.demo.settings import METHODS, QUICK_POOL_SIZE, DemoSettings, known_methods
     from cropi.tasks.base import BUILTIN, DEFAULT_TASK
 
     p.add_argument("--quick", action="store_true", help="fewer prompts, stages, steps and seeds (a few minutes)")
@@ -234,7 +234,7 @@ def _demo_args(p):
     p.add_argument("--seeds", type=int, help="training seeds per method (default: 3, --quick: 2)")
     p.add_argument("--workers", type=int, help="worker processes (default 2: one per core)")
     p.add_argument("--pool-size", type=int, help=DemoSettings.model_fields["pool_size"].description
-                   + f" (default: {DemoSettings.model_fields['pool_size'].default}, --quick: 360)")
+                   + f" (default: {DemoSettings.model_fields['pool_size'].default}, --quick: {QUICK_POOL_SIZE})")
     p.add_argument("--task", help=f"built-in task ({', '.join(BUILTIN)}; default {DEFAULT_TASK}) or "
                                   "module:attribute naming a cropi.tasks.Task (docs/demo.md)")
     p.add_argument("--methods", help=f"comma-separated methods (default: {','.join(METHODS)}; "

@@ -22,6 +22,7 @@ from cropi.tasks.base import DEFAULT_TASK, POOL, Task, load_task
 DEFAULT_METHOD = "checked"
 METHODS = (DEFAULT_METHOD, "cropi", "diverse", "full", "informative")
 CONTROLS = ("random", "pass_rate", "oracle")
+QUICK_POOL_SIZE = 360  # --quick's pool (at most the task's)
 # CROPI with one scoring option changed (opt-in with ``methods``): demo method -> curriculum config fields; a
 # ``selector`` there replaces CROPI's rule as the curriculum's selector (``selection_of``).
 # Every variant below up to checked_halfrace ran, and stays, with revision 12's widening: a saturated part widens at
@@ -167,7 +168,7 @@ class DemoSettings(BaseModel):
     def quick(cls, **overrides: Any) -> "DemoSettings":
         """Every method, a smaller pool, fewer steps and seeds: under 3 minutes on 2 cores."""
         largest = _largest(load_task(overrides.get("task", DEFAULT_TASK)))
-        small = dict(seeds=2, pool_size=min(360, largest["pool_size"]), val_size=min(24, largest["val_size"]),
+        small = dict(seeds=2, pool_size=min(QUICK_POOL_SIZE, largest["pool_size"]), val_size=min(24, largest["val_size"]),
                      test_size=min(60, largest["test_size"]), stages=2, steps_per_stage=15, validation_samples=8,
                      projection_dim=512, eval_every=5, eval_samples=4, select_fraction=0.25, batch_prompts=8,
                      check_samples=8)  # 24 validation prompts a set resolve the check's margin at 8 draws, not 4

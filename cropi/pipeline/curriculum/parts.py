@@ -270,7 +270,12 @@ class _Stage:
         for e in (loser, winner):
             e["race"], e["spent_start"] = ("won" if e is winner else "lost"), spent
             spent += e["steps"]
-        return chk.race_lead(chk.from_lists(winner["values"]), chk.from_lists(loser["values"]), self.opts.alpha,
+        return self._lead(winner, loser)
+
+    def _lead(self, higher: dict, lower: dict) -> dict:
+        """``chk.race_lead`` of one entry's readings over another's, at the check's alpha and the plan's test: a
+        race's winner over its loser, and (``widen_when: stalled``) a saturated part over the best before it."""
+        return chk.race_lead(chk.from_lists(higher["values"]), chk.from_lists(lower["values"]), self.opts.alpha,
                              self.plan.get("test", "normal"))
 
     def remaining(self) -> int:
@@ -437,8 +442,7 @@ class _Stage:
         under ``saturated`` (read from the plan: a stage planned before the option resumes as it began)."""
         if self.plan.get("widen_when", "saturated") != "stalled":
             return False
-        entry["rising"] = chk.race_lead(chk.from_lists(entry["values"]), chk.from_lists(best["values"]),
-                                        self.opts.alpha, self.plan.get("test", "normal"))
+        entry["rising"] = self._lead(entry, best)
         return entry["rising"]["resolved"]
 
     def _saturated(self, entry: dict) -> bool:
