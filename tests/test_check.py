@@ -562,13 +562,15 @@ def test_at_the_whole_pool_a_fall_has_no_fallback_and_the_stage_trains_on(setup,
     assert [e["action"] for e in first["parts"]] == ["no_fallback"] * 4
 
 
-@pytest.mark.parametrize("widened", ["filled", "selection"])
+@pytest.mark.parametrize("widened", ["filled", "selection", "no_harm"])
 def test_a_widened_fraction_is_its_share_of_the_pool_and_fraction_one_is_the_pool(setup, monkeypatch, widened):
     """Both arms fall at fraction 0.5, so the stage widens to 1. A ranking selector picks among its candidates
     only (CROPI's rule: nonzero gradients; diverse: positive gains), so its own pick at 1 is short of the pool.
     Filled (revision 11), a widened subset is that pick, best first, then a uniform draw from the rest, up to
     ``ceil(f N)``: at 1 the whole pool, for either arm. The base fraction is never filled, and ``selection``
-    (revisions 1-10) trains the short pick."""
+    (revisions 1-10) trains the short pick. ``no_harm`` (round 17) leaves out the prompts of negative gain, the
+    mean of their validation cosines in the stage's ranking (computed here from the stored table): at 1 the pool
+    less those, the pick (less those) first; CROPI's pick at 1 holds some, so dropping them is tested."""
     from cropi.data import load_prompts
     from cropi.pipeline.curriculum import steps
 
@@ -590,6 +592,8 @@ def test_a_widened_fraction_is_its_share_of_the_pool_and_fraction_one_is_the_poo
                for c in trainer.calls}
     short = {arm: picks[(arm, 1.0)] for arm in ("cropi", "diverse")}
     assert len(short["diverse"]) < len(pool)  # the case this revision exists for: the pick at 1 is not the pool
+    harm = _negative_gain(setup, f"check-widened-{widened}")
+    assert harm and harm & set(short["cropi"]) and set(pool) - harm - set(short["cropi"])
     for (arm, stem), ids in subsets.items():
         fraction = float(stem.split("-")[1]) if "-" in stem else 0.5
         if fraction == 0.5:  # the base fraction: the selectors' own picks, as in an unchecked run, short or not
@@ -599,13 +603,31 @@ def test_a_widened_fraction_is_its_share_of_the_pool_and_fraction_one_is_the_poo
             continue
         if widened == "selection":
             assert ids == short[arm]
+        elif widened == "no_harm":
+            own = [p for p in short[arm] if p not in harm]
+            assert ids[:len(own)] == own  # its own pick less the harmful, in its order
+            assert sorted(ids) == sorted(set(pool) - harm) and len(set(ids)) == len(ids)  # the pool less them
         else:
             assert ids[:len(short[arm])] == short[arm]  # its own pick first, in its order
             assert sorted(ids) == sorted(pool) and len(set(ids)) == len(pool)  # then the rest: the whole pool
     widened_parts = [e for e in parts if e["fraction"] == 1.0]
-    assert [e["filled"] for e in widened_parts] == (
-        [len(pool) - len(short[e["arm"]]) for e in widened_parts] if widened == "filled" else [None, None])
-    assert all(e["filled"] is None for e in parts if e["fraction"] == 0.5)
+    want = {"filled": [len(pool) - len(short[e["arm"]]) for e in widened_parts], "selection": [None, None],
+            "no_harm": [len(pool) - len(harm) - len([p for p in short[e["arm"]] if p not in harm])
+                        for e in widened_parts]}
+    assert [e["filled"] for e in widened_parts] == want[widened]
+    assert [e.get("negative") for e in widened_parts] == ([len(harm)] * 2 if widened == "no_harm" else [None] * 2)
+    assert all(e["filled"] is None and e.get("negative") is None for e in parts if e["fraction"] == 0.5)
+
+
+def _negative_gain(setup, name: str, m: int = 0) -> set[str]:
+    """Stage ``m``'s pool prompts whose mean validation cosine is below zero, from its stored ranking table."""
+    import pyarrow.parquet as pq
+
+    state = json.loads((Path(setup["root"]) / "curricula" / name / "state.json").read_text())
+    table = pq.read_table(state["stages"][m]["scored"]["ranking"]).to_pylist()
+    columns = [c for c in table[0] if c.startswith("score:")]
+    return {r["prompt_id"] for r in table if r["status"] == "ok"
+            and statistics.fmean(r[c] for c in columns) < 0}
 
 
 def test_a_stage_after_the_first_reads_its_saturation_reference_from_the_pool_at_its_start(setup, monkeypatch):

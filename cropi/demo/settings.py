@@ -73,7 +73,10 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # widens only when its rise is not resolved
                                        "checked_stalled": {"check": {"enabled": True, "widen_when": "stalled"}},
                                        # revision 12, the default before round 16
-                                       "checked_rev12": {"check": {"enabled": True, **_AT_ONCE}}}
+                                       "checked_rev12": {"check": {"enabled": True, **_AT_ONCE}},
+                                       # the round 17 candidate (docs/demo.md): a widened subset leaves out the pool
+                                       # prompts of negative gain; the rest revision 16
+                                       "checked_noharm": {"check": {"enabled": True, "widened": "no_harm"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -194,7 +194,8 @@ class Stage(BaseModel):
                                 "sets: each check's objective, SE, margin and action, a race's lead and whether its SE "
                                 "resolves it (race_lead), with check.widen_check: race each widening race (widen_races: the "
                                 "current and doubled fraction, the winner, its lead), with check.widen_when: stalled a saturated "
-                                "part's rise over the best and whether it is resolved (rising), the stage's case(s), or why "
+                                "part's rise over the best and whether it is resolved (rising), with check.widened: no_harm "
+                                "how many pool prompts of negative gain a widened subset left out (negative), the stage's case(s), or why "
                                 "it ran unchecked (cropi.pipeline.curriculum.state.check_summary)")
     warnings: list[dict] | None = Field(default=None, description="what the stage subset's record warns of (each "
                                         "with its code and message: concentrated_selection, label_skew, field_skew, "

@@ -128,10 +128,13 @@ class CheckOptions(BaseModel):
                               "mixed <-> all-equal (status: issue 32's revision 9), or only theta_0's all-equal "
                               "groups, whose gradient is zero whatever the policy unlearned (blind_spot: revision "
                               "10); or rank theta_0's groups only (never: revisions 1-8, docs/demo.md)")
-    widened: Literal["filled", "selection"] = Field(
+    widened: Literal["filled", "no_harm", "selection"] = Field(
         "filled", description="what a widened fraction f (above the curriculum's select_fraction) trains: "
                               "ceil(f N) prompts, the arm's selection and then a uniform seeded draw from the pool "
                               "prompts it left out, so that fraction 1 is the pool (filled: issue 32's revision 11), "
+                              "or the same drawn from the pool less its prompts of negative gain at the stage's "
+                              "ranking, a first-order prediction that they lower the validation objective, all of "
+                              "the rest where fewer remain (no_harm: the round 17 candidate, docs/demo.md), "
                               "or the arm's selection alone, which a ranking selector's candidates cut short (at "
                               "fraction 1 CROPI's rule trained 682-767 of 1,200 skills prompts, diverse 366-405: "
                               "selection, revisions 1-10, docs/demo.md)")

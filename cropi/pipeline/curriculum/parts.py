@@ -11,7 +11,8 @@ curriculum resumes at the part it was in without repeating or losing a decision:
     race     stage 0, and a stage after a confirmed reversal: the first part trained with each arm from the
              stage's start (the better goes on); ``race_lead``: how far it led, its SE, and whether resolved
     parts    per part: arm, fraction, steps, checkpoint (and with `widened: filled`, how many of a widened
-             subset's prompts the fill drew; a subset short of a batch: its fill and its `warnings`), the
+             subset's prompts the fill drew, with `no_harm` also how many pool prompts of negative gain it left
+             out: `negative`; a subset short of a batch: its fill and its `warnings`), the
              check's reading and action (and, when the screen fired, its confirmation on held-out prompts and
              a fresh stream: `confirm`;
              with `at_whole_pool: keep`, a fall at the whole pool is `no_fallback` and the part kept; with
@@ -43,7 +44,7 @@ from cropi.pipeline.curriculum import steps
 from cropi.pipeline.curriculum.config import CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumPaths, StageState
 from cropi.pipeline.progress import Progress
-from cropi.selection import filled
+from cropi.selection import filled, fraction_count
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.fsio import resolve, write_json_atomic
 
@@ -513,7 +514,14 @@ class _Stage:
             batch, widened, own = steps.batch_of(self.trainer), self._fills(fraction), len(ids)
             if widened or own < batch:  # its count first: a kill before the subset is written leaves none to reuse
                 note = {}
-                if widened:  # filled to its share of the pool (and to a batch, should that share be smaller)
+                harm = self._harmful() if widened else frozenset()
+                if harm:  # no_harm: the same share, drawn from the pool less its prompts of negative gain
+                    ids = [p for p in ids if p not in harm]
+                    own, note = len(ids), {"negative": len(harm)}
+                    ids = filled(ids, [p for p in self.pool if p not in harm], None,
+                                 steps.fill_stream(self.config, self.m, arm, fraction),
+                                 at_least=max(batch, fraction_count(fraction, len(self.pool))))
+                elif widened:  # filled to its share of the pool (and to a batch, should that share be smaller)
                     ids = filled(ids, list(self.pool), fraction, steps.fill_stream(self.config, self.m, arm, fraction),
                                  at_least=batch)
                 else:  # short of one batch: the stage subset's own fill, and its warning
@@ -527,7 +535,14 @@ class _Stage:
     def _fills(self, fraction: float) -> bool:
         """Whether a subset at ``fraction`` is filled up to its share of the pool (revision 11): a widened one, under
         a plan that says so (a stage planned before revision 11 resumes as it began)."""
-        return self.plan.get("widened", "selection") == "filled" and fraction > self.config.select_fraction
+        return self.plan.get("widened", "selection") in ("filled", "no_harm") and fraction > self.config.select_fraction
+
+    def _harmful(self) -> frozenset[str]:
+        """``widened: no_harm``: the pool prompts a widened subset leaves out, those of negative gain at the stage's
+        ranking (``steps.harmful``); none under ``filled``."""
+        if self.plan.get("widened") != "no_harm":
+            return frozenset()
+        return steps.harmful(self.state.stage(self.m).get("scored") or {})
 
     @staticmethod
     def _fill_record(subset: Path) -> dict:
@@ -535,7 +550,8 @@ class _Stage:
         of a batch warns of (``warnings``, only then; the primary's own subset carries it in the stage's selection)."""
         side = subset.with_suffix(".json")
         doc = json.loads(side.read_text()) if side.is_file() else {}
-        return {"filled": doc.get("filled")} | ({"warnings": doc["warnings"]} if doc.get("warnings") else {})
+        return ({"filled": doc.get("filled")} | ({"warnings": doc["warnings"]} if doc.get("warnings") else {})
+                | ({"negative": doc["negative"]} if "negative" in doc else {}))
 
     def _lineage_end(self, checkpoint: str) -> int:
         """The trainer's step at ``checkpoint``: a part of this stage, or of an earlier one (a restored best)."""

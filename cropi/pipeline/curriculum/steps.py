@@ -34,7 +34,10 @@ from cropi.scoring.diagnostics import FILLED_TO_BATCH, SILENT_VALIDATION, concen
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.score import ensure_trajectories, score_checkpoint
 from cropi.selection import SelectionInputs, filled, get_selector, pass_rate_score, pass_rates, select
+from cropi.selection.influence import gains
+from cropi.scoring.ranking import Ranking
 from cropi.store import TrajectoryStore
+from cropi.store.rankings import read_ranking
 from cropi.utils.fingerprint import model_fingerprint
 from cropi.utils.fsio import atomic_write_bytes, resolve, write_json_atomic
 
@@ -122,6 +125,19 @@ def batch_of(trainer) -> int:
 def fill_stream(config: CurriculumConfig, m: int, arm: str, fraction: float) -> random.Random:
     """The seeded draw that fills stage ``m``'s subset of ``arm`` at ``fraction`` (widened, or to a batch)."""
     return random.Random(f"cropi.check.fill:{config.seed}:{m}:{arm}:{fraction:g}")
+
+
+def harmful(scored: dict) -> frozenset[str]:
+    """The pool prompts of negative gain at a stage's ranking (``scored``: its step-1 record): the mean of their
+    validation cosines, what ``positive`` and ``diverse`` read, predicts to first order that training on them lowers
+    the validation objective. Empty where the stage has no ranking (a selector that reads none); a prompt the
+    ranking does not score (status not ok: no gradient) is not among them."""
+    if not scored.get("ranking"):
+        return frozenset()
+    table, meta = read_ranking(*resolve(scored["ranking"]))
+    ranking = Ranking.from_table(table, meta)
+    gain = gains(SelectionInputs(prompt_ids=ranking.prompt_ids, fraction=1.0, ranking=ranking))
+    return frozenset(p for p, g in zip(ranking.prompt_ids, gain) if g < 0)  # NaN (not ok) compares False
 
 
 def to_a_batch(config: CurriculumConfig, m: int, pool: dict[str, PromptRecord], chosen: list[str], arm: str,
