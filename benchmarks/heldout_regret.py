@@ -3,7 +3,9 @@ the compared methods, less the method's own), per task and summed up per method 
 
 A rule a user can trust on a task nobody chose it on is one whose regret stays small on every task, not only on
 average: the mean regret answers "closest to each task's best", the worst regret "how far off on the worst task",
-and ``within`` counts the tasks where the method is within ``--within`` (the issue's 0.02) of the best.
+and ``within`` counts the tasks where the method is within ``--within`` (the issue's 0.02) of the best. Where
+cropi, diverse, informative and full are all compared, ``auc_goals`` says per task whether each other method meets
+issue 32's two AUC goals (at least ``max(full, informative)``; at least ``max(cropi, diverse) - within``).
 
     python benchmarks/heldout_regret.py --report pair=PATH/report.json --report skewed=... [--within 0.02] \\
         [--methods checked,cropi,diverse,informative,full] [--source TEXT] --out DIR
@@ -76,6 +78,29 @@ def versus(tasks: dict[str, dict], methods: tuple[str, ...]) -> dict[str, dict]:
     return out
 
 
+GOAL_REFERENCES = ("cropi", "diverse", "informative", "full")
+
+
+def auc_goals(aucs: dict[str, dict[str, dict]], methods: tuple[str, ...], within: float) -> dict | None:
+    """Issue 32's two AUC goals, the ones a held-out task is judged on, for every compared method but the four
+    references: per task whether its AUC (the mean over seeds, unrounded) is at least ``max(full, informative)``
+    and at least ``max(cropi, diverse) - within``, and per method how many tasks meet each and both. None unless
+    the four references are compared."""
+    if not set(GOAL_REFERENCES) <= set(methods):
+        return None
+    out = {}
+    for m in (m for m in methods if m not in GOAL_REFERENCES):
+        per = {}
+        for task, by in aucs.items():
+            mean = {k: by[k]["mean"] for k in (m, *GOAL_REFERENCES)}
+            per[task] = {"controls": mean[m] >= max(mean["full"], mean["informative"]),
+                         "rules": mean[m] >= max(mean["cropi"], mean["diverse"]) - within}
+        out[m] = {"tasks": per, "controls": sum(t["controls"] for t in per.values()),
+                  "rules": sum(t["rules"] for t in per.values()),
+                  "both": sum(t["controls"] and t["rules"] for t in per.values()), "of": len(per)}
+    return out
+
+
 def plot(path: Path, tasks: dict[str, dict], methods: tuple[str, ...], within: float) -> Path:
     """Each method's regret per task as bars side by side, the ``within`` margin dashed; the methods' colours are
     the demo's (cropi.demo.plots.color)."""
@@ -111,10 +136,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, help="folder for heldout_regret.json")
     args = ap.parse_args(argv)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    tasks = regrets(task_aucs(args.report), methods)
+    aucs = task_aucs(args.report)
+    tasks = regrets(aucs, methods)
     result = {"definition": __doc__.split("\n\n")[0].replace("\n", " "), "source": args.source, "within": args.within,
               "methods": list(methods), "tasks": tasks, "summary": summary(tasks, methods, args.within),
               f"{methods[0]}_versus": versus(tasks, methods)}
+    goals = auc_goals(aucs, methods, args.within)
+    if goals:
+        result["auc_goals"] = goals
     emit(args.out, "heldout_regret.json", result, "summary")
     if args.out:  # emit made the folder
         plot(args.out / "heldout_regret.png", tasks, methods, args.within)

@@ -60,3 +60,23 @@ def test_a_task_given_twice_takes_the_methods_of_both_the_first_where_they_overl
     out = regret.main(["--report", committed, "--report", rerun, "--methods", "variant,checked,full"])
     assert out["tasks"]["a"]["auc"] == {"variant": 0.45, "checked": 0.40, "full": 0.41}
     assert out["tasks"]["a"]["best"] == "variant" and out["variant_versus"]["full"]["mean_difference"] == 0.04
+
+
+def test_the_auc_goals_are_met_at_the_bars_and_missed_below_them(tmp_path):
+    """Two tasks built at the bars: on ``a`` the default equals max(full, informative) and max(cropi, diverse) -
+    0.02 (both met: "at least"); on ``b`` it is a hair under each bar (both missed), where a strict comparison, a
+    bar from the wrong pair or a margin on the wrong side would each count differently."""
+    a = _report(tmp_path, "a", {"checked": 0.38, "cropi": 0.40, "diverse": 0.31, "informative": 0.38, "full": 0.30})
+    b = _report(tmp_path, "b", {"checked": 0.3499, "cropi": 0.20, "diverse": 0.37, "informative": 0.25,
+                                "full": 0.35})
+    c = _report(tmp_path, "c", {"checked": 0.5, "cropi": 0.2, "diverse": 0.2, "informative": 0.2, "full": 0.2})
+    (tmp_path / "b2").mkdir()
+    b2 = _report(tmp_path / "b2", "b", {"checked": 0.36})  # the first report's value is kept
+    out = regret.main(["--report", a, "--report", b, "--report", b2, "--report", c, "--methods",
+                       "checked,cropi,diverse,informative,full"])
+    g = out["auc_goals"]["checked"]
+    assert g["tasks"]["a"] == {"controls": True, "rules": True}
+    assert g["tasks"]["b"] == {"controls": False, "rules": False}  # 0.3499 < 0.35 (full) and < 0.37 - 0.02
+    assert (g["controls"], g["rules"], g["both"], g["of"]) == (2, 2, 2, 3)
+    assert set(out["auc_goals"]) == {"checked"}  # the references are not judged against themselves
+    assert "auc_goals" not in regret.main(["--report", a, "--methods", "checked,cropi,full"])
