@@ -630,6 +630,17 @@ def _negative_gain(setup, name: str, m: int = 0) -> set[str]:
             and statistics.fmean(r[c] for c in columns) < 0}
 
 
+def test_a_stage_without_an_influence_ranking_leaves_nothing_out_as_harmful(tmp_path):
+    """``steps.harmful`` reads gains only from an influence ranking: a stage that read none, or only the pass rates
+    (a table naming no scored checkpoint, which is not a ranking file), has no prompt of negative gain."""
+    from cropi.pipeline.curriculum import steps
+
+    rates = tmp_path / "ranking.parquet"
+    rates.write_bytes(b"not a ranking")  # never opened: the record names no scored checkpoint
+    assert steps.harmful({}) == steps.harmful({"ranking": None}) == frozenset()
+    assert steps.harmful({"ranking": str(rates), "trajectories": {}}) == frozenset()
+
+
 def test_a_stage_after_the_first_reads_its_saturation_reference_from_the_pool_at_its_start(setup, monkeypatch):
     """``saturation_reference: stage_start``: stage 1 reads a seeded uniform sample of the pool, as many distinct
     prompts as a part draws groups (2 steps x a batch of 4), with the trainer's 8 rollouts, at its start checkpoint

@@ -130,9 +130,9 @@ def fill_stream(config: CurriculumConfig, m: int, arm: str, fraction: float) -> 
 def harmful(scored: dict) -> frozenset[str]:
     """The pool prompts of negative gain at a stage's ranking (``scored``: its step-1 record): the mean of their
     validation cosines, what ``positive`` and ``diverse`` read, predicts to first order that training on them lowers
-    the validation objective. Empty where the stage has no ranking (a selector that reads none); a prompt the
-    ranking does not score (status not ok: no gradient) is not among them."""
-    if not scored.get("ranking"):
+    the validation objective. Empty where the stage has no influence ranking (a selector that reads none, or only
+    the pass rates); a prompt the ranking does not score (status not ok: no gradient) is not among them."""
+    if not scored.get("ranking") or not scored.get("checkpoint"):  # a pass-rate table names no scored checkpoint
         return frozenset()
     table, meta = read_ranking(*resolve(scored["ranking"]))
     ranking = Ranking.from_table(table, meta)
