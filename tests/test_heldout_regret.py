@@ -80,3 +80,23 @@ def test_the_auc_goals_are_met_at_the_bars_and_missed_below_them(tmp_path):
     assert (g["controls"], g["rules"], g["both"], g["of"]) == (2, 2, 2, 3)
     assert set(out["auc_goals"]) == {"checked"}  # the references are not judged against themselves
     assert "auc_goals" not in regret.main(["--report", a, "--methods", "checked,cropi,full"])
+
+
+def test_widened_parts_counts_widenings_shares_and_left_out_prompts_by_hand(tmp_path):
+    """benchmarks/widened_parts.py against a hand-built report: two stages, one unchecked; a part at the base
+    fraction's share is not a wider part, and the left-out share is of the pool."""
+    spec = importlib.util.spec_from_file_location("widened_parts", _PATH.parent / "widened_parts.py")
+    wp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wp)
+    parts = [{"fraction": 0.1, "zero_share": 0.9, "widened": 0.2},
+             {"fraction": 0.2, "zero_share": 0.5, "widened": 0.4, "negative": 30},
+             {"fraction": 0.4, "zero_share": 0.7, "negative": 50}]
+    report = {"settings": {"select_fraction": 0.1, "pool_size": 200},
+              "checks": {"m": {"0": {"0": {"parts": parts, "end": {"fraction": 0.4}},
+                                     "1": {"checked": False, "reason": "no validation sets"}}}}}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report))
+    got = wp.main(["--report", f"t={path}", "--methods", "m"])["methods"]["m"]
+    assert (got["widenings"], got["stages"], got["mean_end_fraction"], got["wider_parts"]) == (2, 1, 0.4, 2)
+    assert got["wider_parts_zero_share"] == pytest.approx(0.6)  # (0.5 + 0.7) / 2, not the base part's 0.9
+    assert got["left_out_share"] == {"min": 0.15, "median": 0.2, "max": 0.25, "parts": 2}
