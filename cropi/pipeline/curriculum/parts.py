@@ -514,16 +514,14 @@ class _Stage:
             batch, widened, own = steps.batch_of(self.trainer), self._fills(fraction), len(ids)
             if widened or own < batch:  # its count first: a kill before the subset is written leaves none to reuse
                 note = {}
-                harm = self._harmful() if widened else frozenset()
-                if harm:  # no_harm: the same share, drawn from the pool less its prompts of negative gain
-                    ids = [p for p in ids if p not in harm]
-                    own, note = len(ids), {"negative": len(harm)}
+                if widened:  # filled to its share of the pool (and to a batch, should that share be smaller)
+                    harm = self._harmful()  # no_harm: of the pool less its prompts of negative gain
+                    if harm:
+                        ids, note = [p for p in ids if p not in harm], {"negative": len(harm)}
+                        own = len(ids)
                     ids = filled(ids, [p for p in self.pool if p not in harm], None,
                                  steps.fill_stream(self.config, self.m, arm, fraction),
                                  at_least=max(batch, fraction_count(fraction, len(self.pool))))
-                elif widened:  # filled to its share of the pool (and to a batch, should that share be smaller)
-                    ids = filled(ids, list(self.pool), fraction, steps.fill_stream(self.config, self.m, arm, fraction),
-                                 at_least=batch)
                 else:  # short of one batch: the stage subset's own fill, and its warning
                     ids, fill = steps.to_a_batch(self.config, self.m, self.pool, ids, arm, fraction, batch)
                     note = {"warnings": [fill["warning"]]}
