@@ -76,7 +76,10 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "checked_rev12": {"check": {"enabled": True, **_AT_ONCE}},
                                        # the round 17 candidate (docs/demo.md): a widened subset leaves out the pool
                                        # prompts of negative gain; the rest revision 16
-                                       "checked_noharm": {"check": {"enabled": True, "widened": "no_harm"}}}
+                                       "checked_noharm": {"check": {"enabled": True, "widened": "no_harm"}},
+                                       # the round 18 candidate (docs/demo.md): each arm of the race trains half a
+                                       # part; the rest revision 16
+                                       "checked_half16": {"check": {"enabled": True, "race_length": "half"}}}
 
 
 def is_checked(method: str) -> bool:
