@@ -5,7 +5,9 @@ A rule a user can trust on a task nobody chose it on is one whose regret stays s
 average: the mean regret answers "closest to each task's best", the worst regret "how far off on the worst task",
 and ``within`` counts the tasks where the method is within ``--within`` (the issue's 0.02) of the best. Where
 cropi, diverse, informative and full are all compared, ``auc_goals`` says per task whether each other method meets
-issue 32's two AUC goals (at least ``max(full, informative)``; at least ``max(cropi, diverse) - within``).
+issue 32's two AUC goals (at least ``max(full, informative)``; at least ``max(cropi, diverse) - within``), and
+for each goal how far the method is from its bar against the seeds' noise (``noise``; ``missed_beyond_noise``
+counts the misses beyond Student's one-sided 5%).
 
     python benchmarks/heldout_regret.py --report pair=PATH/report.json --report skewed=... [--within 0.02] \\
         [--methods checked,cropi,diverse,informative,full] [--source TEXT] --out DIR
@@ -90,15 +92,50 @@ def auc_goals(aucs: dict[str, dict[str, dict]], methods: tuple[str, ...], within
         return None
     out = {}
     for m in (m for m in methods if m not in GOAL_REFERENCES):
-        per = {}
+        per, noise = {}, {}
         for task, by in aucs.items():
             mean = {k: by[k]["mean"] for k in (m, *GOAL_REFERENCES)}
             per[task] = {"controls": mean[m] >= max(mean["full"], mean["informative"]),
                          "rules": mean[m] >= max(mean["cropi"], mean["diverse"]) - within}
+            noise[task] = {goal: goal_noise(by, m, max(pair, key=mean.get), margin)
+                           for goal, pair, margin in (("controls", ("full", "informative"), 0.0),
+                                                      ("rules", ("cropi", "diverse"), within))}
+        beyond = {goal: sum(bool(n[goal]["beyond_noise"]) for n in noise.values()) for goal in ("controls", "rules")}
         out[m] = {"tasks": per, "controls": sum(t["controls"] for t in per.values()),
                   "rules": sum(t["rules"] for t in per.values()),
-                  "both": sum(t["controls"] and t["rules"] for t in per.values()), "of": len(per)}
+                  "both": sum(t["controls"] and t["rules"] for t in per.values()), "of": len(per),
+                  "noise": noise, "missed_beyond_noise": beyond, "noise_level": NOISE_LEVEL}
     return out
+
+
+NOISE_LEVEL = 0.05  # one-sided: a miss read as beyond the seeds' noise
+
+
+def goal_noise(by: dict[str, dict], method: str, bar: str, margin: float) -> dict:
+    """How far ``method``'s mean AUC is from a goal's bar (``bar``'s mean less ``margin``), against the seeds' noise:
+    the gap, its SE from each method's per-seed AUCs (unbiased variance over n - 1; Welch: the two means unpaired,
+    since the bars' runs may come from another machine), Student's one-sided critical value at ``NOISE_LEVEL`` and
+    the Welch-Satterthwaite degrees of freedom (3 seeds a side: about 4, where the normal's 1.645 would call misses
+    at a rate of 0.088, not 0.05), and whether the gap is a miss beyond it (None where a side has fewer than two
+    seeds or no spread). The bar is the larger of two noisy means, so it reads high on average; a miss inside the
+    noise is one the seeds cannot tell from a tie."""
+    from scipy.stats import t as student  # the t quantile (Student's inverse CDF is not in the stdlib)
+
+    gap = by[method]["mean"] - (by[bar]["mean"] - margin)
+    sides = [list(by[k].get("per_seed", {}).values()) for k in (method, bar)]
+    u = [_var(s) / len(s) for s in sides if len(s) >= 2]
+    if len(u) < 2 or sum(u) <= 0:
+        return {"gap": round(gap, 4), "bar": bar, "se": None, "critical": None, "beyond_noise": None}
+    se = sum(u) ** 0.5
+    df = sum(u) ** 2 / sum(x * x / (len(s) - 1) for x, s in zip(u, sides) if x > 0)
+    level = float(student.ppf(1 - NOISE_LEVEL, df))
+    return {"gap": round(gap, 4), "bar": bar, "se": round(se, 4), "df": round(df, 2), "critical": round(level, 4),
+            "beyond_noise": gap < -level * se}
+
+
+def _var(xs: list[float]) -> float:
+    mean = sum(xs) / len(xs)
+    return sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
 
 
 def plot(path: Path, tasks: dict[str, dict], methods: tuple[str, ...], within: float) -> Path:

@@ -100,3 +100,40 @@ def test_widened_parts_counts_widenings_shares_and_left_out_prompts_by_hand(tmp_
     assert (got["widenings"], got["stages"], got["mean_end_fraction"], got["wider_parts"]) == (2, 1, 0.4, 2)
     assert got["wider_parts_zero_share"] == pytest.approx(0.6)  # (0.5 + 0.7) / 2, not the base part's 0.9
     assert got["left_out_share"] == {"min": 0.15, "median": 0.2, "max": 0.25, "parts": 2}
+
+
+def _seeded(tmp_path: Path, task: str, seeds: dict) -> str:
+    path = tmp_path / f"{task}.json"
+    path.write_text(json.dumps({"auc_by_method": {m: {"mean": sum(v) / len(v), "per_seed": dict(enumerate(v))}
+                                                  for m, v in seeds.items()}}))
+    return f"{task}={path}"
+
+
+def test_a_goal_miss_is_read_against_the_seeds_noise_with_students_t(tmp_path):
+    """Three seeds a side, each side's spread 0.01 (unbiased variance 1e-4): the gap's SE is sqrt(2e-4 / 3) = 0.00816
+    and Welch's degrees of freedom are exactly 4, where Student's one-sided 5% value is 2.1318 (a table's). A miss of
+    0.03 is beyond it, one of 0.015 is not (the normal's 1.645 would call it one: 0.0134), one of 0.01 is not; the bar
+    is the larger reference of each goal, the rules' bar less 0.02; one seed gives no reading."""
+    low, mid = [0.30, 0.31, 0.32], [0.33, 0.34, 0.35]
+    flat = [0.1, 0.1, 0.1]
+    a = _seeded(tmp_path, "a", {"checked": low, "full": mid, "informative": [0.2, 0.21, 0.22],
+                                "cropi": [0.355, 0.365, 0.375], "diverse": flat})
+    b = _seeded(tmp_path, "b", {"checked": [x + 0.015 for x in low], "full": flat, "informative": mid,
+                                "cropi": flat, "diverse": [x + 0.02 for x in mid]})
+    c = _seeded(tmp_path, "c", {"checked": [0.3], "full": [0.4], "informative": [0.1], "cropi": [0.1],
+                                "diverse": [0.1]})
+    out = regret.main(["--report", a, "--report", b, "--report", c, "--methods",
+                       "checked,cropi,diverse,informative,full"])["auc_goals"]["checked"]
+    se = (2e-4 / 3) ** 0.5
+    na, nb, nc = out["noise"]["a"], out["noise"]["b"], out["noise"]["c"]
+    assert na["controls"]["bar"] == "full" and na["controls"]["gap"] == pytest.approx(-0.03, abs=1e-4)
+    assert na["controls"]["se"] == pytest.approx(se, abs=1e-4) and na["controls"]["df"] == pytest.approx(4)
+    assert na["controls"]["critical"] == pytest.approx(2.1318, abs=1e-4) and na["controls"]["beyond_noise"]
+    # the rules' bar: cropi's 0.365 less 0.02 = 0.345, a gap of -0.035
+    assert na["rules"]["bar"] == "cropi" and na["rules"]["gap"] == pytest.approx(-0.035, abs=1e-4)
+    assert nb["controls"]["bar"] == "informative" and nb["controls"]["gap"] == pytest.approx(-0.015, abs=1e-4)
+    assert nb["controls"]["beyond_noise"] is False  # 0.015 < 2.1318 x 0.00816 = 0.0174
+    assert nb["rules"]["bar"] == "diverse" and nb["rules"]["gap"] == pytest.approx(-0.015, abs=1e-4)
+    assert nc["controls"]["gap"] == pytest.approx(-0.1) and nc["controls"]["beyond_noise"] is None
+    assert out["missed_beyond_noise"] == {"controls": 1, "rules": 1}
+    assert (out["controls"], out["rules"]) == (0, 1)  # the goals themselves are unchanged: c meets the rules
