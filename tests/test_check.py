@@ -24,6 +24,7 @@ import torch
 from cropi.pipeline.curriculum import check as chk
 from cropi.pipeline.curriculum import loop, run_curriculum
 from cropi.pipeline.curriculum.check import CheckOptions
+from cropi.pipeline.curriculum.state import race_sides
 from cropi.trainers import StageResult
 from cropi.trainers.lean import LeanOptions
 from support.curriculum import build_setup, make_config
@@ -1231,3 +1232,84 @@ def test_a_curriculum_killed_inside_a_widening_race_resumes_it_and_decides_as_an
                 == [(e["fraction"], e.get("race"), e["action"], e["objective"]) for e in theirs["parts"]])
         assert [r["winner"] for r in ours["widen_races"]] == [r["winner"] for r in theirs["widen_races"]]
     assert [s["global_step"] for s in result["stages"]] == [s["global_step"] for s in whole["stages"]] == [8, 16]
+
+
+class StartEvalTrainer(PartTrainer):
+    """``PartTrainer`` that also evaluates the checkpoint it starts from, as a trainer evaluating every part's start
+    would: the evaluation a loser's other half starts with is of the loser's own checkpoint."""
+
+    def train_stage(self, **kw) -> StageResult:
+        result = super().train_stage(**kw)
+        quality, lineage = _read(kw["model"])
+        path = Path(result.metrics_path)
+        row = {"stage": kw["stage"], "step": lineage, "eval": {"t": {"mean@4": quality, "greedy": quality}}}
+        path.write_text(json.dumps(row) + "\n" + path.read_text())
+        return result
+
+
+@pytest.mark.parametrize("crash_at", [None, 3])
+def test_a_sequential_race_trains_each_arm_on_to_a_whole_part_only_where_its_first_look_is_unresolved(
+        setup, monkeypatch, crash_at):
+    """``race_length: sequential``, 8 steps in parts of 2. Where the arms' halves tie (each +0.01 a step: a lead of 0,
+    not resolved) each arm trains its other step on from its own half; CROPI's subset turns there (-0.05), so the
+    fallback wins the whole part, which the tie at half would have given to the primary. The race then took a
+    part beside its winner's: the stage trains 1, 1, 1, 1 and two parts of 2. The loser's steps are spent first,
+    each arm's half before its other half, and no loser's evaluation is on the curve (its other half starts from
+    its own checkpoint). Killed inside the other halves, it resumes them and decides as unbroken."""
+    opts = {"check": {"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "sequential"}}
+
+    def trainer(**kw):
+        return StartEvalTrainer(turn=1, drop=0.05, fallback_step=0.01, **kw)
+
+    name = f"seq-race-{crash_at}"
+    if crash_at:
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            _run(setup, monkeypatch, trainer(crash_at=crash_at), name, **opts)
+        state = json.loads((Path(setup["root"]) / "curricula" / name / "state.json").read_text())
+        record = state["stages"][0]["check"]
+        assert [e["arm"] for e in record["race"]] == ["cropi", "diverse"] and not record.get("race_on")
+        assert record["race_first_look"]["resolved"] is False
+    t = trainer()
+    result = _run(setup, monkeypatch, t, name, **opts)
+    stage0 = [c for c in t.calls if c["stage"] == 0]
+    assert [c["steps"] for c in stage0] == ([] if crash_at else [1, 1]) + [1, 1, 2, 2]
+    state = json.loads((Path(setup["root"]) / "curricula" / name / "state.json").read_text())
+    record = state["stages"][0]["check"]
+    assert record["race_first_look"]["lead"] == 0 and record["race_first_look"]["resolved"] is False
+    halves, on = record["race"], record["race_on"]
+    assert [(e["arm"], e["race"], e["steps"], e["spent_start"]) for e in halves + on] == [
+        ("cropi", "lost", 1, 0), ("diverse", "won", 1, 2), ("cropi", "lost", 1, 1), ("diverse", "won", 1, 3)]
+    assert [e["from"] for e in on] == [halves[0]["checkpoint"], halves[1]["checkpoint"]]  # each on from its own half
+    assert len({c["seed"] for c in stage0[-4:-2]} | {c["seed"] for c in stage0[:2]}) == (2 if crash_at else 4)
+    assert record["race_lead"]["lead"] == pytest.approx(0.06)  # the whole parts: 0.32 against 0.26
+    winner = record["parts"][0]
+    assert winner["arm"] == "diverse" and winner["checkpoint"] == on[1]["checkpoint"] and len(record["parts"]) == 3
+    assert [s["global_step"] for s in result["stages"]] == [8, 16]
+    rows = [json.loads(line) for line in Path(result["stages"][0]["metrics_path"]).read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval" not in r] == list(range(1, 9))  # every spent step once
+    assert {r["arm"] for r in rows if "eval" in r and r["step"] > 0} == {"diverse"}  # no loser's evaluation
+    answer = _check(result, 0)  # what the service and the report show: the first look, the other halves, and the
+    assert answer["race_first_look"] == record["race_first_look"]  # whole parts' sides as the race's
+    assert [(e["arm"], e["race"], e["leg"]) for e in answer["race_on"]] == [("cropi", "lost", "on"),
+                                                                            ("diverse", "won", "on")]
+    assert [e["objective"] for e in race_sides(answer)] == [on[1]["objective"], on[0]["objective"]]
+    if not crash_at:
+        unbroken = record
+    else:
+        whole = _run(setup, monkeypatch, trainer(), "seq-race-unbroken", **opts)
+        unbroken = whole["stages"][0]["checks"]
+        assert [(e["arm"], e["action"], e["objective"]) for e in _check(result, 0)["parts"]] == [
+            (e["arm"], e["action"], e["objective"]) for e in unbroken["parts"]]
+
+
+def test_a_sequential_race_whose_first_look_is_resolved_stops_at_half_a_part(setup, monkeypatch):
+    """The fallback gains twice the primary's step: after one step each its lead (0.01, the paired SE 0) is resolved,
+    so the race stops there, as the half-length race: no other halves, the two halves one part of the budget."""
+    opts = {"check": {"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "sequential"}}
+    t = PartTrainer()
+    result = _run(setup, monkeypatch, t, "seq-race-early", **opts)
+    assert [c["steps"] for c in t.calls if c["stage"] == 0] == [1, 1, 2, 2, 2]
+    record = json.loads((Path(setup["root"]) / "curricula" / "seq-race-early" / "state.json").read_text()
+                        )["stages"][0]["check"]
+    assert record["race_first_look"]["resolved"] is True and "race_on" not in record
+    assert record["parts"][0]["arm"] == "diverse" and [s["global_step"] for s in result["stages"]] == [8, 16]

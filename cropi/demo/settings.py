@@ -79,7 +79,10 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "checked_noharm": {"check": {"enabled": True, "widened": "no_harm"}},
                                        # the round 18 candidate (docs/demo.md): each arm of the race trains half a
                                        # part; the rest revision 16
-                                       "checked_half16": {"check": {"enabled": True, "race_length": "half"}}}
+                                       "checked_half16": {"check": {"enabled": True, "race_length": "half"}},
+                                       # the round 19 candidate (docs/demo.md): the race read at half a part, on to
+                                       # a whole part only where that lead is not resolved; the rest revision 16
+                                       "checked_seq": {"check": {"enabled": True, "race_length": "sequential"}}}
 
 
 def is_checked(method: str) -> bool:

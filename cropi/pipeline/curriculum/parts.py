@@ -9,7 +9,9 @@ curriculum resumes at the part it was in without repeating or losing a decision:
              expected share of all-equal groups, the two arms (primary selector, fallback)
     start    the arm and fraction the stage begins with, its checkpoint and objective
     race     stage 0, and a stage after a confirmed reversal: the first part trained with each arm from the
-             stage's start (the better goes on); ``race_lead``: how far it led, its SE, and whether resolved
+             stage's start (the better goes on); ``race_lead``: how far it led, its SE, and whether resolved (with
+             `race_length: sequential` each arm's first half, ``race_first_look`` its lead, and where that was not
+             resolved ``race_on``: each arm's other half, on from its own first half)
     parts    per part: arm, fraction, steps, checkpoint (and with `widened: filled`, how many of a widened
              subset's prompts the fill drew, with `no_harm` also how many pool prompts of negative gain it left
              out: `negative`; a subset short of a batch: its fill and its `warnings`), the
@@ -242,35 +244,61 @@ class _Stage:
     def race(self) -> None:
         """The stage's first part with each arm from its start (theta_0 at stage 0); the better objective goes on
         (ties: the primary). The loser's steps are spent first (the winner's part follows them), out of the
-        stage's own steps. With ``race_length: half`` each arm trains half the part."""
+        stage's own steps. With ``race_length: half`` each arm trains half the part; with ``sequential`` half, and,
+        where the higher half's lead is not resolved at alpha (``race_first_look``), the other half on from its own
+        checkpoint (``race_on``), the higher whole part going on."""
         start = self.record["start"]
         entries = self.record.setdefault("race", [])
-        steps = min(self.plan["steps"][0], self.config.steps_per_stage // 2)
-        if self._half_race():
-            steps = max(1, steps // 2)
+        whole = min(self.plan["steps"][0], self.config.steps_per_stage // 2)
+        steps = whole if self._race_length() == "part" else max(1, whole // 2)
         for arm in self.arms[len(entries):]:
             entry = self._train(0, arm, start["fraction"], start["checkpoint"], start["spent"], tag=f"race-{arm}",
                                 steps=steps)
             entries.append(entry)
             self.state.save()
-        winner = max(entries, key=lambda e: (e["objective"], e["arm"] == self.arms[0]))
-        loser = next(e for e in entries if e is not winner)
-        self.record["race_lead"] = self._settle(winner, loser, start["spent"])
-        self.record["race"] = [loser, winner]
+        legs, halves = entries, None
+        if self._race_length() == "sequential" and whole > steps:
+            if "race_first_look" not in self.record:  # the decision to go on, saved before either arm does
+                self.record["race_first_look"] = self._lead(*self._ranked(entries))
+                self.state.save()
+            if not self.record["race_first_look"]["resolved"]:
+                legs = self.record.setdefault("race_on", [])  # each arm's other half, in the arms' order
+                for e in entries[len(legs):]:
+                    legs.append(self._train(0, e["arm"], e["fraction"], e["checkpoint"], start["spent"],
+                                            tag=f"race-{e['arm']}-on", steps=whole - steps, seed_part=_RACE_ON)
+                                | {"leg": "on"})
+                    self.state.save()
+        winner, loser = self._ranked(legs)
+        if legs is not entries:  # a whole part each, as two halves: each arm's first half before its other
+            halves = tuple(next(e for e in entries if e["arm"] == side["arm"]) for side in (winner, loser))
+        self.record["race_lead"] = self._settle(winner, loser, start["spent"], halves)
+        if halves:
+            self.record["race"], self.record["race_on"] = [halves[1], halves[0]], [loser, winner]
+        else:
+            self.record["race"] = [loser, winner]
         self.record["raced"] = True
         self._decide(dict(winner), first=True)
 
-    def _half_race(self) -> bool:
-        """Whether the arms' race trains each arm half a part (read from the plan: a stage planned before the
-        option resumes as it began)."""
-        return self.plan.get("race_length", "part") == "half"
+    def _ranked(self, entries: list[dict]) -> tuple[dict, dict]:
+        """A race's two entries as (the higher objective, the other); a tie to the primary."""
+        winner = max(entries, key=lambda e: (e["objective"], e["arm"] == self.arms[0]))
+        return winner, next(e for e in entries if e is not winner)
 
-    def _settle(self, winner: dict, loser: dict, spent: int) -> dict:
+    def _race_length(self) -> str:
+        """How long the arms' race trains (read from the plan: a stage planned before the option resumes as it
+        began)."""
+        return self.plan.get("race_length", "part")
+
+    def _settle(self, winner: dict, loser: dict, spent: int, halves: tuple[dict, dict] | None = None) -> dict:
         """A decided race (the arms', or a widening one): each entry marked won or lost, the loser's steps spent
-        first from ``spent`` and the winner's after them; returns the winner's lead (``chk.race_lead``)."""
-        for e in (loser, winner):
-            e["race"], e["spent_start"] = ("won" if e is winner else "lost"), spent
-            spent += e["steps"]
+        first from ``spent`` and the winner's after them; returns the winner's lead (``chk.race_lead``). ``halves``:
+        the winner's and the loser's first halves, where a sequential race trained each arm on, each spent before
+        its arm's other half."""
+        chains = ([halves[1], loser], [halves[0], winner]) if halves else ([loser], [winner])
+        for chain, outcome in zip(chains, ("lost", "won")):
+            for e in chain:
+                e["race"], e["spent_start"] = outcome, spent
+                spent += e["steps"]
         return self._lead(winner, loser)
 
     def _lead(self, higher: dict, lower: dict) -> dict:
@@ -290,9 +318,9 @@ class _Stage:
         if self._racing(j) or (cur.get("race_wider") and self.remaining() >= 2 * size):
             self.widen_race(j, size)
             return
-        # a race took one part of the budget beside its winner's: the arms' race (a half-length one: its two halves
-        # together one part, the winner's), and every widening race
-        arms_race = 1 if self.races and not self._half_race() else 0
+        # a race took one part of the budget beside its winner's: the arms' race (a half-length one, or a sequential
+        # one stopped at its first look: its two halves together one part, the winner's), and every widening race
+        arms_race = 1 if self.races and (self._race_length() == "part" or self.record.get("race_on")) else 0
         last = j >= len(planned) - 1 - arms_race - len(self.record.get("widen_races", []))
         steps = self.remaining() if last else min(size, self.remaining())
         entry = self._train(j, cur["arm"], cur["fraction"], cur["checkpoint"], self._spent(), tag=f"part-{j}",
@@ -377,7 +405,8 @@ class _Stage:
 
     # ------------------------------------------------------------------ the pieces
 
-    def _train(self, j: int, arm: str, fraction: float, model: str, spent: int, *, tag: str, steps: int) -> dict:
+    def _train(self, j: int, arm: str, fraction: float, model: str, spent: int, *, tag: str, steps: int,
+               seed_part: int | None = None) -> dict:
         import time
 
         began = time.monotonic()
@@ -388,7 +417,8 @@ class _Stage:
             shutil.rmtree(out)
         self.progress(f"part {j} ({arm}, {fraction:g})", j, len(self.plan["steps"]))
         result = self.trainer.train_stage(model=model, subset=str(subset), out_dir=str(out / "train"), steps=steps,
-                                          seed=_part_seed(self.config.seed, self.m, j, self.arms.index(arm)),
+                                          seed=_part_seed(self.config.seed, self.m,
+                                                          j if seed_part is None else seed_part, self.arms.index(arm)),
                                           stage=self.m, reward=self.config.reward)
         values, check_s = self._measure(result.checkpoint)
         share = result.metrics.get("zero_advantage_share")
@@ -497,7 +527,8 @@ class _Stage:
         first of ``parts``), the rest, and the widening races' (a winner is also a part of ``parts``)."""
         parts = [e for e in self.record["parts"][1 if self.races else 0:] if "widen_race" not in e]
         raced = [e for r in self.record.get("widen_races", []) for e in r["entries"]]
-        return sorted([*self.record.get("race", []), *parts, *raced], key=lambda e: e["spent_start"])
+        return sorted([*self.record.get("race", []), *self.record.get("race_on", []), *parts, *raced],
+                      key=lambda e: e["spent_start"])
 
     def _measure(self, checkpoint: str, stream: str = "", sample: chk.ValidationSample | None = None):
         return (sample or self.sample).measure(checkpoint, device=_device(self.config), stream=stream,
@@ -569,8 +600,9 @@ class _Stage:
                 if not line:
                     continue
                 row = json.loads(line)
-                if e.get("race") == "lost" and "eval" in row and row["step"] != e["lineage_start"]:
-                    continue
+                if (e.get("race") == "lost" and "eval" in row
+                        and (row["step"] != e["lineage_start"] or e.get("leg") == "on")):  # the loser's other half
+                    continue                                            # starts from the loser's own checkpoint
                 rows.append(row | {"step": row["step"] + offset, "lineage_step": row["step"], "arm": e["arm"]})
         out = self.paths.stage(self.m) / "metrics.jsonl"
         tmp = out.with_suffix(".tmp")
@@ -591,8 +623,9 @@ def checkpoints(stage: dict) -> list[str]:
 
 
 def _entries(record: dict) -> list[dict]:
-    """A checked stage record's part entries: the arms' race's, the parts', then the widening races'."""
-    return [*record.get("race", []), *record.get("parts", []),
+    """A checked stage record's part entries: the arms' race's (both halves of a sequential one), the parts', then the
+    widening races'."""
+    return [*record.get("race", []), *record.get("race_on", []), *record.get("parts", []),
             *(e for r in record.get("widen_races", []) for e in r["entries"])]
 
 
@@ -640,6 +673,9 @@ def _widen(entry: dict, fraction: float, why: str) -> float:
 def _split(steps: int, parts: int) -> list[int]:
     n = max(1, min(parts, steps))
     return [steps // n + (1 if i < steps % n else 0) for i in range(n)]
+
+
+_RACE_ON = 99  # the part index a sequential race's other halves are seeded as: no part's (a stage has at most 64)
 
 
 def _part_seed(seed: int, m: int, j: int, arm: int) -> int:

@@ -120,7 +120,7 @@ def check_summary(stage: dict) -> dict:
     if not trained.get("checked"):
         return {"checked": False, "reason": trained.get("unchecked") or record.get("unchecked")}
     keys = ("index", "arm", "fraction", "steps", "objective", "change", "se", "margin", "action", "zero_share",
-            "widened", "widened_by", "race", "n_prompts", "filled", "warnings", "saturated", "widen_race")
+            "widened", "widened_by", "race", "n_prompts", "filled", "warnings", "saturated", "widen_race", "leg")
     start, end = record.get("start", {}), record.get("end", {})
 
     fresh_keys = ("objective", "change", "se", "margin", "action", "stream", "on", "prompts", "best_part", "best_stage")
@@ -135,6 +135,8 @@ def check_summary(stage: dict) -> dict:
             "start": {"arm": start.get("arm"), "fraction": start.get("fraction"), "objective": start.get("objective"),
                       **({"pool_flat": start["pool_flat"]} if start.get("pool_flat") else {})},
             "race": [check(e) for e in record.get("race", [])], "race_lead": record.get("race_lead"),
+            **({"race_first_look": record["race_first_look"]} if record.get("race_first_look") else {}),
+            **({"race_on": [check(e) for e in record["race_on"]]} if record.get("race_on") else {}),
             "parts": [check(e) for e in record.get("parts", [])],
             **({"widen_races": [{"part": r["part"], "arm": r["arm"], "fractions": r["fractions"],
                                  "winner": r.get("winner"), "lead": r.get("lead"),
@@ -146,9 +148,9 @@ def check_summary(stage: dict) -> dict:
 
 
 def race_sides(record: dict) -> tuple[dict, dict] | None:
-    """A checked stage record's (or its ``check_summary``'s) race entries, the winner's and the loser's; None where
-    the stage ran no race."""
-    entries = record.get("race") or []
+    """A checked stage record's (or its ``check_summary``'s) race entries, the winner's and the loser's (a sequential
+    race trained on: their other halves, whose readings decided it); None where the stage ran no race."""
+    entries = record.get("race_on") or record.get("race") or []
     if len(entries) != 2:
         return None
     won = next(e for e in entries if e["race"] == "won")
