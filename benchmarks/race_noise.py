@@ -65,8 +65,9 @@ def task_races(runs: Path, report: dict, method: str, alpha: float) -> dict:
 
 def summary(tasks: dict) -> dict:
     """Over the stage-0 races with both arms' unchecked runs, resolved and not: how many, in how many the
-    loser's run had the higher AUC, the mean AUC of winner minus loser, of the primary minus the other, and of
-    the primary minus the winner (what going on with the primary instead of the winner would have changed)."""
+    loser's run had the higher AUC, the mean AUC of winner minus loser, of the primary minus the other, of the
+    primary minus the winner (what going on with the primary instead of the winner would have changed), and of the
+    fallback (the other arm) minus the winner (what going on with the fallback would have changed)."""
     out = {}
     for resolved in (True, False):
         rows = [r for seeds in tasks.values() for rs in seeds.values() for r in rs
@@ -77,11 +78,13 @@ def summary(tasks: dict) -> dict:
         gaps = [r["unchecked_auc"]["won"] - r["unchecked_auc"]["lost"] for r in rows]
         primary = [g if r["won"] == r["primary"] else -g for r, g in zip(rows, gaps)]
         switched = [0.0 if r["won"] == r["primary"] else -g for r, g in zip(rows, gaps)]  # the primary over the winner
+        fallback = [0.0 if r["won"] != r["primary"] else -g for r, g in zip(rows, gaps)]  # the other arm over it
         out["resolved" if resolved else "unresolved"] = {
             "n": len(rows), "loser_higher": sum(g < 0 for g in gaps),
             "mean_auc_winner_minus_loser": round(sum(gaps) / len(gaps), 4),
             "mean_auc_primary_minus_other": round(sum(primary) / len(primary), 4),
-            "mean_auc_primary_minus_winner": round(sum(switched) / len(switched), 4)}
+            "mean_auc_primary_minus_winner": round(sum(switched) / len(switched), 4),
+            "mean_auc_fallback_minus_winner": round(sum(fallback) / len(fallback), 4)}
     return out
 
 

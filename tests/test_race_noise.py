@@ -56,4 +56,7 @@ def test_leads_verdicts_and_the_summary(tmp_path):
     assert abs(s["resolved"]["mean_auc_primary_minus_winner"] + gap) < 1e-4  # the winner was diverse
     assert s["unresolved"]["n"] == 1 and s["unresolved"]["mean_auc_primary_minus_other"] > 0
     assert s["unresolved"]["mean_auc_primary_minus_winner"] == 0  # the primary won it
+    assert s["resolved"]["mean_auc_fallback_minus_winner"] == 0  # the fallback (diverse) won it
+    unres = round(auc([0.1, 0.2, 0.2]) - auc([0.1, 0.4, 0.5]), 4)  # diverse's run less the winner's (cropi)
+    assert abs(s["unresolved"]["mean_auc_fallback_minus_winner"] - unres) < 1e-4
     assert json.loads((tmp_path / "race_noise.json").read_text())["stage0"] == s
