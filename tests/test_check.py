@@ -944,14 +944,16 @@ def test_a_curriculum_killed_inside_a_later_stages_race_resumes_it_and_decides_a
     def trainer(**kw):
         return PartTrainer(turn=3, drop=0.2, fallback_step=0.005, **kw)
 
-    whole = _run(setup, monkeypatch, trainer(), "rerace-whole")
+    # revision 16's whole-part race, the one this was written for (a kill inside a sequential race: the test below)
+    opts = {"check": {"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "part"}}
+    whole = _run(setup, monkeypatch, trainer(), "rerace-whole", **opts)
     crashing = trainer(crash_at=6)  # stage 0: four parts; stage 1: its race's first arm, then the crash
     with pytest.raises(RuntimeError, match="simulated crash"):
-        _run(setup, monkeypatch, crashing, "rerace-killed")
+        _run(setup, monkeypatch, crashing, "rerace-killed", **opts)
     state = json.loads((Path(setup["root"]) / "curricula" / "rerace-killed" / "state.json").read_text())
     assert [e["arm"] for e in state["stages"][1]["check"]["race"]] == ["cropi"]  # one arm raced, kept
     resumed = trainer()
-    result = _run(setup, monkeypatch, resumed, "rerace-killed")
+    result = _run(setup, monkeypatch, resumed, "rerace-killed", **opts)
     assert [c["arm"] for c in resumed.calls if c["stage"] == 1][0] == "diverse"  # the race's other arm, not again
     for m in (0, 1):
         ours, theirs = _check(result, m), _check(whole, m)

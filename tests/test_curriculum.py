@@ -282,6 +282,8 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
                           ).resume_key() != "d5ca290d348b234d"  # and the screen at alpha (revision 14's candidate)
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_length="half")}
                           ).resume_key() != "d5ca290d348b234d"  # and the half-length race (round 15's candidate)
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_length="part")}
+                          ).resume_key() != "d5ca290d348b234d"  # and revision 16's whole-part race, since round 19
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, widen_when="saturated")}
                           ).resume_key() != "d5ca290d348b234d"  # and revision 12's widening, since round 16 not the default
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, best_of="stage")}

@@ -577,7 +577,8 @@ def test_a_variant_that_enables_the_check_runs_checked_like_the_default():
     assert not any(map(is_checked, ("cropi", "full", "cropi_theta_refresh", "iif")))
     settings = DemoSettings(methods=("checked_rev8", "full"), check_samples=6)
     assert _variant(settings, "checked_rev8")["check"] == {"enabled": True, "refresh": "never", "samples": 6,
-                                                           "widen_when": "saturated"}  # as revision 8 widened
+                                                           "widen_when": "saturated",  # as revision 8 widened
+                                                           "race_length": "part"}  # and raced
     assert _variant(settings, DEFAULT_METHOD)["check"] == {"enabled": True, "samples": 6}
     assert _variant(settings, "cropi_theta_refresh")["check"] == {"enabled": False}
     val = {"val_a": "a.jsonl"}

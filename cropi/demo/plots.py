@@ -21,7 +21,8 @@ COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_ra
           "checked_rev8": "darkorange", "checked_rev9": "rosybrown", "checked_widerace": "darkviolet",
           "checked_screen": "olivedrab", "checked_halfrace": "deepskyblue", "checked_stalled": "darkcyan",
           "checked_rev12": "orchid", "checked_noharm": "chocolate",
-          "checked_half16": "steelblue", "checked_seq": "mediumseagreen"}
+          "checked_half16": "steelblue", "checked_seq": "mediumseagreen",
+          "checked_rev16": "slategray"}
 _SPARE = ("lime", "teal", "magenta", "sienna", "slateblue", "darkgreen", "crimson", "peru")
 
 

@@ -27,7 +27,10 @@ QUICK_POOL_SIZE = 360  # --quick's pool (at most the task's)
 # ``selector`` there replaces CROPI's rule as the curriculum's selector (``selection_of``).
 # Every variant below up to checked_halfrace ran, and stays, with revision 12's widening: a saturated part widens at
 # once (check.widen_when: saturated); revision 16 (round 16, docs/demo.md) widens it only once its rise is not resolved.
-_AT_ONCE = {"widen_when": "saturated"}
+# Every variant ran, and stays, with the race its revision had: a whole part (check.race_length: part) unless it says
+# otherwise; revision 19 (round 19) reads the race at half a part and goes on to a whole one only where unresolved.
+_WHOLE_RACE = {"race_length": "part"}
+_AT_ONCE = {"widen_when": "saturated", **_WHOLE_RACE}
 VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": True}},
                                        "cropi_by_answer": {"validation_groups": "answer"},
                                        "cropi_theta": {"loss": {"advantage": "theta"}},
@@ -67,22 +70,26 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "checked_screen": {"check": {"enabled": True, "screen": "alpha", **_AT_ONCE}},
                                        # the round 15 candidate (docs/demo.md): each arm of the race trains half a
                                        # part; the rest revision 12
-                                       "checked_halfrace": {"check": {"enabled": True, "race_length": "half",
-                                                                      **_AT_ONCE}},
+                                       "checked_halfrace": {"check": {"enabled": True, **_AT_ONCE,
+                                                                      "race_length": "half"}},
                                        # the round 16 candidate, now the default (revision 16): a saturated part
                                        # widens only when its rise is not resolved
-                                       "checked_stalled": {"check": {"enabled": True, "widen_when": "stalled"}},
+                                       "checked_stalled": {"check": {"enabled": True, "widen_when": "stalled",
+                                                                     **_WHOLE_RACE}},
                                        # revision 12, the default before round 16
                                        "checked_rev12": {"check": {"enabled": True, **_AT_ONCE}},
                                        # the round 17 candidate (docs/demo.md): a widened subset leaves out the pool
                                        # prompts of negative gain; the rest revision 16
-                                       "checked_noharm": {"check": {"enabled": True, "widened": "no_harm"}},
+                                       "checked_noharm": {"check": {"enabled": True, "widened": "no_harm",
+                                                                    **_WHOLE_RACE}},
                                        # the round 18 candidate (docs/demo.md): each arm of the race trains half a
                                        # part; the rest revision 16
                                        "checked_half16": {"check": {"enabled": True, "race_length": "half"}},
-                                       # the round 19 candidate (docs/demo.md): the race read at half a part, on to
-                                       # a whole part only where that lead is not resolved; the rest revision 16
-                                       "checked_seq": {"check": {"enabled": True, "race_length": "sequential"}}}
+                                       # the round 19 candidate, now the default (revision 19): the race read at half
+                                       # a part, on to a whole part only where that lead is not resolved
+                                       "checked_seq": {"check": {"enabled": True, "race_length": "sequential"}},
+                                       # revision 16, the default before round 19: the race a whole part
+                                       "checked_rev16": {"check": {"enabled": True, **_WHOLE_RACE}}}
 
 
 def is_checked(method: str) -> bool:

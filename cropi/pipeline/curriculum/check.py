@@ -77,14 +77,14 @@ class CheckOptions(BaseModel):
     fallback: SelectorName = Field(FALLBACK_SELECTOR, description="the second arm: the selector a stage falls back to")
     race: bool = Field(True, description="stage 0's first part trains both arms and keeps the better (off: no "
                                          "race at any stage, rerace included)")
-    race_length: Literal["part", "half", "sequential"] = Field(
-        "part", description="how long each arm of the arms' race trains: the stage's first part (part: issue 32's "
-                            "revisions 8-16, the loser's part spent beside the winner's), or half of it, the winner "
-                            "going on from its own checkpoint and the two halves together taking one part of the "
-                            "stage's steps (half: the round 15 candidate, docs/demo.md), or half of it and then, "
-                            "only where the higher half's lead is not resolved at alpha, the other half on from "
-                            "each arm's own checkpoint, the higher of the whole parts going on (sequential: the "
-                            "round 19 candidate)")
+    race_length: Literal["sequential", "part", "half"] = Field(
+        "sequential", description="how long each arm of the arms' race trains: half of the stage's first part, and, "
+                                  "only where the higher half's lead is not resolved at alpha, the other half on "
+                                  "from each arm's own checkpoint, the higher of the whole parts going on (sequential: "
+                                  "issue 32's revision 19, docs/demo.md round 19); the whole first part (part: "
+                                  "revisions 8-16, the loser's part spent beside the winner's); or half of it, the "
+                                  "winner going on from its own checkpoint and the two halves together taking one "
+                                  "part of the stage's steps (half: the round 15 and 18 candidate)")
     rerace: Literal["after_reversal", "never"] = Field(
         "after_reversal", description="a stage after one with a confirmed reversal begins with the race stage 0 "
                                       "runs (after_reversal: that fall measured one stage's subset, the next stage "
