@@ -353,11 +353,15 @@ def _check_report(out, quick: DemoSettings, methods) -> dict:
             assert sorted(stages, key=int) == [str(m) for m in range(quick.stages)]
             for m, record in stages.items():
                 assert record["checked"] and record["end"]["cases"]
-                assert sum(p["steps"] for p in record["parts"] + [r for r in record["race"] if r["race"] == "lost"]
-                           ) == quick.steps_per_stage  # the race's losing part is spent from stage 0's steps
+                # the race's losing arm is spent from the stage's steps; where a sequential race went on, the
+                # winner's first half too (its part is its other half)
+                race = [r for r in record["race"] + record.get("race_on", []) if r["race"] == "lost"] + (
+                    [r for r in record["race"] if r["race"] == "won"] if record.get("race_on") else [])
+                assert sum(p["steps"] for p in record["parts"] + race) == quick.steps_per_stage
                 assert all(p["action"] for p in record["parts"]) and (m != "0" or len(record["race"]) == 2)
                 if len(record["race"]) == 2:  # the race's lead, paired on the validation sample, and its noise
-                    won, lost = sorted(record["race"], key=lambda r: r["race"] == "won", reverse=True)
+                    won, lost = sorted(record.get("race_on") or record["race"], key=lambda r: r["race"] == "won",
+                                       reverse=True)
                     lead = record["race_lead"]
                     assert lead["lead"] == pytest.approx(won["objective"] - lost["objective"], abs=2e-6)
                     assert lead["se"] >= 0 and lead["resolved"] == (lead["lead"] > lead["critical"] * lead["se"])
