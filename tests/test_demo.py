@@ -365,7 +365,11 @@ def _check_report(out, quick: DemoSettings, methods) -> dict:
                     lead = record["race_lead"]
                     assert lead["lead"] == pytest.approx(won["objective"] - lost["objective"], abs=2e-6)
                     assert lead["se"] >= 0 and lead["resolved"] == (lead["lead"] > lead["critical"] * lead["se"])
-        assert "The races" in (out / "report.md").read_text()
+        md = (out / "report.md").read_text()
+        assert "The races" in md and "first look (lead / SE)" in md
+        looks = [record["race_first_look"] for stages in checks.values() for record in stages.values()
+                 if record.get("race_first_look")]  # the default's race is read at half a part first
+        assert looks and md.count(", stopped |") + md.count(", went on |") == len(looks)
         assert report["check_cases"][DEFAULT_METHOD]
     for png in report["plots"]:
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

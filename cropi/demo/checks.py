@@ -138,25 +138,37 @@ def _race_lines(records: dict) -> list[str]:
     for method, seeds in records.items():
         for seed, stages in seeds.items():
             for m, st in sorted(stages.items(), key=lambda kv: int(kv[0])):
-                for where, won, lead in _races(m, st):
-                    ratio = f"{lead['lead'] / lead['se']:.2f}" if lead["se"] else "-"
+                for where, won, lead, look in _races(m, st):
                     rows.append(f"| {method} | {seed} | {where} | {won} | {lead['lead']:+.3f} | {lead['se']:.3f} "
-                                f"| {ratio} | {'yes' if lead['resolved'] else 'no'} |")
+                                f"| {_ratio(lead)} | {'yes' if lead['resolved'] else 'no'} | {_first_look(look)} |")
     if not rows:
         return []
     return ["", "The races (a stage's first part trained with each arm, or with `widen_check: race` a saturated "
             "subset against its doubled fraction; the higher validation reading goes on). "
             "The lead is paired (the same prompts and stream), resolved where it exceeds the one-sided critical "
-            "value at the check's alpha:", "",
-            "| method | seed | stage | won | lead | SE | lead / SE | resolved |", "|---|---|---|---|---|---|---|---|", *rows]
+            "value at the check's alpha. A sequential race (`check.race_length: sequential`) is read first at half a "
+            "part: where that lead is resolved it stops there, else both arms train on to a whole part, whose lead "
+            "the row gives:", "",
+            "| method | seed | stage | won | lead | SE | lead / SE | resolved | first look (lead / SE) |",
+            "|---|---|---|---|---|---|---|---|---|", *rows]
+
+
+def _ratio(lead: dict) -> str:
+    return f"{lead['lead'] / lead['se']:.2f}" if lead["se"] else "-"
+
+
+def _first_look(look: dict | None) -> str:
+    """A sequential race's reading at half a part: its lead over its SE, and whether the race stopped there."""
+    return f"{_ratio(look)}, {'stopped' if look['resolved'] else 'went on'}" if look else "-"
 
 
 def _races(m: str, st: dict):
-    """A stage's decided races as (where, who won, its ``race_lead``): the arms' race, then the widening races."""
+    """A stage's decided races as (where, who won, its ``race_lead``, a sequential race's first look or None): the
+    arms' race, then the widening races."""
     lead, sides = st.get("race_lead"), race_sides(st)
     if lead and sides:
-        yield m, sides[0]["arm"], lead
+        yield m, sides[0]["arm"], lead, st.get("race_first_look")
     for race in st.get("widen_races") or []:
         if race.get("lead"):
             yield (f"{m} (part {race['part']})", f"fraction {race['winner']:g} of {race['fractions'][0]:g}, "
-                   f"{race['fractions'][1]:g}", race["lead"])
+                   f"{race['fractions'][1]:g}", race["lead"], None)
