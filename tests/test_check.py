@@ -1207,7 +1207,7 @@ def test_a_saturated_part_races_its_doubled_fraction_and_the_higher_reading_goes
     lines = markdown_lines({"checks": records, "check_cases": {"checked_widerace": {"0": {"saturated": 1}}}})
     rows = [line for line in lines if line.startswith("| checked_widerace | 0 | 0 (part 1) |")]
     assert rows == [f"| checked_widerace | 0 | 0 (part 1) | fraction {winner:g} of 0.2, 0.4 | {lead['lead']:+.3f} | "
-                    f"{lead['se']:.3f} | - | yes |"]  # scripted readings: the lead has no noise
+                    f"{lead['se']:.3f} | - | yes | - |"]  # scripted readings: the lead has no noise; no first look
     assert checks_plot(setup["base"] / f"checks-{winner}.png", records) == f"checks-{winner}.png"
 
 
