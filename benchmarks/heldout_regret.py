@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from statistics import variance
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -123,7 +124,7 @@ def goal_noise(by: dict[str, dict], method: str, bar: str, margin: float) -> dic
 
     gap = by[method]["mean"] - (by[bar]["mean"] - margin)
     sides = [list(by[k].get("per_seed", {}).values()) for k in (method, bar)]
-    u = [_var(s) / len(s) for s in sides if len(s) >= 2]
+    u = [variance(s) / len(s) for s in sides if len(s) >= 2]
     if len(u) < 2 or sum(u) <= 0:
         return {"gap": round(gap, 4), "bar": bar, "se": None, "critical": None, "beyond_noise": None}
     se = sum(u) ** 0.5
@@ -131,11 +132,6 @@ def goal_noise(by: dict[str, dict], method: str, bar: str, margin: float) -> dic
     level = float(student.ppf(1 - NOISE_LEVEL, df))
     return {"gap": round(gap, 4), "bar": bar, "se": round(se, 4), "df": round(df, 2), "critical": round(level, 4),
             "beyond_noise": gap < -level * se}
-
-
-def _var(xs: list[float]) -> float:
-    mean = sum(xs) / len(xs)
-    return sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
 
 
 def plot(path: Path, tasks: dict[str, dict], methods: tuple[str, ...], within: float) -> Path:
