@@ -578,8 +578,8 @@ def test_a_widened_fraction_is_its_share_of_the_pool_and_fraction_one_is_the_poo
     picks = {}
     real = steps.select_ids
 
-    def recorded(config, paths, m, pool, model, selector, fraction):
-        picks[(selector, fraction)] = real(config, paths, m, pool, model, selector, fraction)
+    def recorded(config, paths, m, pool, model, selector, fraction, scored=None):
+        picks[(selector, fraction)] = real(config, paths, m, pool, model, selector, fraction, scored)
         return picks[(selector, fraction)]
 
     monkeypatch.setattr(steps, "select_ids", recorded)

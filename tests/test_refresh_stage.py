@@ -177,6 +177,36 @@ def test_the_stage_ranks_refreshed_prompts_from_their_fresh_on_policy_gradients(
     assert subset == [r["prompt_id"] for r in ok_rows[:math.ceil(0.25 * POOL)]]
 
 
+@pytest.mark.parametrize("selector,fraction", [("diverse", 0.25), ("cropi", 0.5), ("positive", 0.25)])
+def test_another_arm_re_ranks_the_stored_refresh_and_selects_what_scoring_again_would(refreshed_run, monkeypatch,
+                                                                                      selector, fraction):
+    """A checked stage's other arm (or a widened subset) at a refreshed stage: ``select_ids`` re-ranks from the
+    store (``reselect``) and picks what scoring the checkpoint again with that selector picks, from the
+    ranking with the refreshed prompts' fresh rows. The mistakes this catches: ranking the pool's stale rows
+    (the refresh split dropped), which picks otherwise here, and any collection or gradient work redone."""
+    from cropi.pipeline import score as score_step
+    from cropi.pipeline.curriculum import steps
+    from cropi.pipeline.curriculum.state import CurriculumPaths
+
+    config, root, _, state = refreshed_run
+    scored = state["stages"][1]["scored"]
+    assert scored["replaced_by"] and scored["replaced_by"].startswith("refresh-")
+    pool = {r.prompt_id: r for r in load_prompts(config.pool)}
+    paths = CurriculumPaths(root, config.name)
+    args = (config, paths, 1, pool, scored["model"], selector, fraction)
+    again = steps.select_ids(*args)  # no record: the stage scored again with this selector
+    stale = steps.select_ids(*args, scored | {"replaced_by": None})  # the refresh split left out
+    with monkeypatch.context() as mp:
+        for name in ("compute_gradients", "ensure_trajectories", "_refresh"):
+            mp.setattr(score_step, name, lambda *a, **k: pytest.fail("re-ranking a scored stage recomputed"))
+        fast = steps.select_ids(*args, scored)
+    assert steps.select_ids(*args, scored | {"model": "/another/theta"}) == again  # not this model's: scored again
+    assert steps.select_ids(*args, scored | {"checkpoint": "gone-00000000"}) == again  # not in the store: likewise
+    assert fast == again and len(fast) > 0
+    if selector == "cropi":
+        assert stale != fast  # the refreshed rows move CROPI's pick on this fixture
+
+
 @pytest.mark.parametrize("change", [{"method": "random"}, {"recollect_each_stage": True}])
 def test_refresh_needs_cropi_over_reused_trajectories(change):
     fields = dict(name="x", model="/m", pool="/p", validation={"v": "/v"},

@@ -128,6 +128,8 @@ class ScoreResult(BaseModel):
     ranking: str = Field(description="the stored ranking file (its 'selected' column is ``selected``)")
     refreshed: Optional[list[str]] = Field(None, description="the pool prompts re-collected at the model and "
                                            "ranked from their fresh gradients (a refresh; None: none asked)")
+    replaced_by: Optional[str] = Field(None, description="the split of the refreshed prompts' fresh gradients, "
+                                       "whose rows the ranking read in place of theirs (None: none refreshed)")
     diagnostics: dict = Field(default_factory=dict, description="the selection's data-source and answer-label mix "
                                                                 "against the pool, with warnings")
 

@@ -61,7 +61,8 @@ def _run_stage(config: CurriculumConfig, paths: CurriculumPaths, state: StageSta
                                                        batch=steps.batch_of(trainer)))
     unchecked = parts.checked(config, trainer)
     if unchecked is None:  # trained in parts, each checked (cropi.pipeline.curriculum.check)
-        pick = lambda selector, fraction: steps.select_ids(config, paths, m, pool, model, selector, fraction)  # noqa: E731
+        pick = lambda selector, fraction: steps.select_ids(config, paths, m, pool, model, selector, fraction,  # noqa: E731
+                                                            state.stage(m).get("scored"))
         trained = parts.run_checked_stage(config, paths, state, m, pool, trainer, pick, progress)
     else:
         trained = steps.train(config, paths, m, model, stage["selected"]["subset"], trainer) | {

@@ -26,13 +26,13 @@ import pyarrow.parquet as pq
 
 from cropi.contracts import POOL
 from cropi.data import PromptRecord, load_prompts, write_verl_parquet
-from cropi.errors import InvalidInputError
+from cropi.errors import InvalidInputError, NotFoundError
 from cropi.pipeline.curriculum.config import MAX_STAGES, CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumPaths
 from cropi.pipeline.rank import pool_labels
 from cropi.scoring.diagnostics import FILLED_TO_BATCH, SILENT_VALIDATION, concentration, field_skew, selection_mix
 from cropi.pipeline.progress import Progress
-from cropi.pipeline.score import ensure_trajectories, score_checkpoint
+from cropi.pipeline.score import ensure_trajectories, reselect, score_checkpoint
 from cropi.selection import SelectionInputs, filled, get_selector, pass_rate_score, pass_rates, select
 from cropi.selection.influence import gains
 from cropi.scoring.ranking import Ranking
@@ -74,7 +74,7 @@ def score(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, 
     result = score_checkpoint(request, root=paths.root, progress=progress, refresh=config.stage_refresh)
     record = {"model": model, "behavior": behavior, "ranking": result.ranking, "checkpoint": result.name,
               "spec_id": result.spec_id, "trajectories": result.trajectories, "selector": config.selector,
-              "selector_options": config.selector_options}
+              "selector_options": config.selector_options, "replaced_by": result.replaced_by}
     if result.refreshed is not None:
         record["refreshed"] = len(result.refreshed)
     return StageScore(record, result.selected, result.diagnostics)
@@ -157,11 +157,21 @@ def to_a_batch(config: CurriculumConfig, m: int, pool: dict[str, PromptRecord], 
 
 
 def select_ids(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool: dict[str, PromptRecord], model: str,
-               selector: str, fraction: float) -> list[str]:
+               selector: str, fraction: float, scored: Optional[dict] = None) -> list[str]:
     """The prompts ``selector`` picks at ``fraction`` at stage ``m`` (``model`` is theta_m): a checked stage's
     other arm or a widened subset. Steps 1 and 2 as the stage ran them, with that selector and fraction: the
-    gradients and trajectories already stored are reused, only the ranking's selection is made again."""
+    gradients and trajectories already stored are reused, only the ranking's selection is made again.
+    ``scored``: the stage's step-1 record; where it names the checkpoint it scored at ``model`` and the
+    refresh split its ranking read, a ranking selector re-ranks from the store directly (``reselect``);
+    a record from before ``replaced_by`` was kept scores again, which selects the same, as does a store that
+    has lost what the record names (scoring computes it again)."""
     other = config.model_copy(update={"selector": selector, "select_fraction": fraction, "selector_options": {}})
+    if other.ranks and scored and "replaced_by" in scored and scored.get("model") == model:
+        request = other.score_request(model, scored["behavior"])
+        try:
+            return reselect(request, root=paths.root, name=scored["checkpoint"], replace=scored["replaced_by"])
+        except NotFoundError:
+            pass
     scored = score(other, paths, m, model, lambda *a: None, write=False)
     if scored.chosen is not None:
         return scored.chosen
