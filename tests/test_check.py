@@ -1315,3 +1315,66 @@ def test_a_sequential_race_whose_first_look_is_resolved_stops_at_half_a_part(set
                         )["stages"][0]["check"]
     assert record["race_first_look"]["resolved"] is True and "race_on" not in record
     assert record["parts"][0]["arm"] == "diverse" and [s["global_step"] for s in result["stages"]] == [8, 16]
+
+
+def _noisy_race(self, checkpoint, **_):
+    """``_scripted``, with a race entry of the primary's read with a per-prompt pattern of mean zero (+-0.05): its
+    objective as scripted, its paired SE against the other arm's 0.05 / sqrt(80), so a small lead is not resolved."""
+    readings, seconds = _scripted(self, checkpoint)
+    if "race-cropi" in str(checkpoint):
+        pattern = np.where(np.arange(40) % 2 == 0, 0.05, -0.05)
+        readings = {name: r + pattern for name, r in readings.items()}
+    return readings, seconds
+
+
+@pytest.mark.parametrize("race_length", ["part", "sequential"])
+@pytest.mark.parametrize("fallback_step,resolved", [(0.008, False), (0.0, True)])
+def test_a_race_that_cannot_tell_goes_on_with_the_fallback_under_race_unresolved(setup, monkeypatch, race_length,
+                                                                                 fallback_step, resolved):
+    """``race_unresolved: fallback`` (the round 20 candidate). The primary gains 0.01 a step and the fallback
+    ``fallback_step``: CROPI's rule reads higher after the race (a whole part, 2 steps). Its lead of 0.004 is inside
+    the noise (SE about 0.0056, critical about 1.66): the fallback goes on, the record says so, and ``race_lead``
+    stays the higher reading's lead. A lead of 0.02 is resolved: the primary goes on, as under ``higher``, which
+    keeps the higher reading either way. A sequential race reads first at half a part: a lead of 0.002 is not
+    resolved, so both arms train on and the whole part (0.004) decides; one of 0.01 is, and the race stops there."""
+    def run(rule):
+        monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: trainer)
+        monkeypatch.setattr(chk.ValidationSample, "measure", _noisy_race)
+        name = f"unres-{race_length}-{fallback_step}-{rule}"
+        config = make_config(setup, name=name, stages=1, steps_per_stage=8,
+                             check={"parts": 4, "samples": 8, "resolve": 0.5, "race_length": race_length,
+                                    "race_unresolved": rule})
+        answer = _check(run_curriculum(config, root=setup["root"]), 0)  # what the service and the report show
+        state = json.loads((Path(setup["root"]) / "curricula" / name / "state.json").read_text())
+        return state["stages"][0]["check"], answer
+
+    trainer = PartTrainer(fallback_step=fallback_step)
+    higher, _ = run("higher")
+    trainer = PartTrainer(fallback_step=fallback_step)
+    record, answer = run("fallback")
+    assert answer.get("race_unresolved") == record.get("race_unresolved")
+    lead = higher["race_lead"]
+    read_at = 2 if race_length == "part" or not resolved else 1  # steps each arm trained when the race decided
+    assert lead["lead"] == pytest.approx(read_at * (0.01 - fallback_step), abs=1e-6) and lead["resolved"] is resolved
+    assert record["race_lead"] == lead  # the lead as read, the higher reading's over the other
+    if race_length == "sequential":
+        assert record["race_first_look"]["resolved"] is resolved and bool(record.get("race_on")) is not resolved
+    won = {e["arm"]: e["race"] for e in (record.get("race_on") or record["race"])}
+    assert higher["parts"][0]["arm"] == "cropi" and "race_unresolved" not in higher
+    if resolved:
+        assert record["parts"][0]["arm"] == "cropi" and "race_unresolved" not in record
+        assert won == {"cropi": "won", "diverse": "lost"}
+    else:
+        assert record["race_unresolved"] == {"went_on": "diverse", "higher": "cropi", "lead": lead}
+        from cropi.demo.checks import markdown_lines
+
+        lines = markdown_lines({"checks": {"checked": {"0": {"0": answer}}}, "check_cases": {"checked": {"0": {}}}})
+        assert [line.split(" | ")[3:5] for line in lines if line.startswith("| checked | 0 | 0 |")] == [
+            ["diverse (fallback; cropi read higher)", f"{lead['lead']:+.3f}"]]
+        assert won == {"cropi": "lost", "diverse": "won"}
+        assert record["parts"][0]["arm"] == "diverse"
+        assert record["parts"][0]["checkpoint"] == next(e for e in (record.get("race_on") or record["race"])
+                                                        if e["arm"] == "diverse")["checkpoint"]
+    spent = sorted((e["spent_start"], e["steps"]) for e in record["race"] + (record.get("race_on") or []))
+    assert [s for s, _ in spent] == list(itertools.accumulate([0] + [n for _, n in spent][:-1]))  # one after another
+    assert sum(e["steps"] for e in record["parts"][1:]) + spent[-1][0] + spent[-1][1] == 8  # the stage's budget

@@ -148,7 +148,8 @@ def _race_lines(records: dict) -> list[str]:
             "The lead is paired (the same prompts and stream), resolved where it exceeds the one-sided critical "
             "value at the check's alpha. A sequential race (`check.race_length: sequential`) is read first at half a "
             "part: where that lead is resolved it stops there, else both arms train on to a whole part, whose lead "
-            "the row gives:", "",
+            "the row gives. With `check.race_unresolved: fallback` a race whose lead is not resolved goes on with "
+            "the fallback, the row giving the higher reading's lead:", "",
             "| method | seed | stage | won | lead | SE | lead / SE | resolved | first look (lead / SE) |",
             "|---|---|---|---|---|---|---|---|---|", *rows]
 
@@ -167,7 +168,9 @@ def _races(m: str, st: dict):
     arms' race, then the widening races."""
     lead, sides = st.get("race_lead"), race_sides(st)
     if lead and sides:
-        yield m, sides[0]["arm"], lead, st.get("race_first_look")
+        unresolved = st.get("race_unresolved")  # race_unresolved: fallback, the higher reading not resolved
+        won = f"{sides[0]['arm']} (fallback; {unresolved['higher']} read higher)" if unresolved else sides[0]["arm"]
+        yield m, won, lead, st.get("race_first_look")
     for race in st.get("widen_races") or []:
         if race.get("lead"):
             yield (f"{m} (part {race['part']})", f"fraction {race['winner']:g} of {race['fractions'][0]:g}, "

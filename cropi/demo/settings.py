@@ -89,7 +89,11 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # a part, on to a whole part only where that lead is not resolved
                                        "checked_seq": {"check": {"enabled": True, "race_length": "sequential"}},
                                        # revision 16, the default before round 19: the race a whole part
-                                       "checked_rev16": {"check": {"enabled": True, **_WHOLE_RACE}}}
+                                       "checked_rev16": {"check": {"enabled": True, **_WHOLE_RACE}},
+                                       # the round 20 candidate (docs/demo.md): revision 19, a race unresolved at
+                                       # its last look going on with the fallback
+                                       "checked_unres": {"check": {"enabled": True, "race_length": "sequential",
+                                                                   "race_unresolved": "fallback"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -85,6 +85,11 @@ class CheckOptions(BaseModel):
                                   "revisions 8-16, the loser's part spent beside the winner's); or half of it, the "
                                   "winner going on from its own checkpoint and the two halves together taking one "
                                   "part of the stage's steps (half: the round 15 and 18 candidate)")
+    race_unresolved: Literal["higher", "fallback"] = Field(
+        "higher", description="which arm goes on where the race's last look leaves the higher reading's lead over "
+                              "the other unresolved at alpha: the higher reading (higher: revisions 8-19), or the "
+                              "fallback, the arm of the smaller downside, where the race cannot tell its arms apart "
+                              "(fallback: the round 20 candidate, docs/demo.md)")
     rerace: Literal["after_reversal", "never"] = Field(
         "after_reversal", description="a stage after one with a confirmed reversal begins with the race stage 0 "
                                       "runs (after_reversal: that fall measured one stage's subset, the next stage "

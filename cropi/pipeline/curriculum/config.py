@@ -143,7 +143,7 @@ class CurriculumConfig(ScoringSettings):
         doc["projection"] = self.projection.recorded()  # no factor fields unless the kind is factored
         # added later: curricula started before keep their key
         later = ("confirm_on", "at_whole_pool", "best_of", "test", "rerace", "refresh", "widened", "sizing",
-                 "saturation_reference", "widen_check", "screen", "race_length", "widen_when")
+                 "saturation_reference", "widen_check", "screen", "race_length", "widen_when", "race_unresolved")
         for name in later:
             if doc["check"][name] == getattr(CheckOptions(), name):
                 doc["check"].pop(name)

@@ -107,7 +107,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
             "prompts_per_set": n, "samples": samples, "arms": [config.selector, opts.fallback],
             "rollouts": trainer.options.rollouts, "widened": opts.widened, "sizing": opts.sizing,
             "widen_check": opts.widen_check, "screen_z": round(chk.screen_z(opts, len(steps)), 6),
-            "race_length": opts.race_length, "widen_when": opts.widen_when,
+            "race_length": opts.race_length, "widen_when": opts.widen_when, "race_unresolved": opts.race_unresolved,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
@@ -246,7 +246,8 @@ class _Stage:
         (ties: the primary). The loser's steps are spent first (the winner's part follows them), out of the
         stage's own steps. With ``race_length: half`` each arm trains half the part; with ``sequential`` half, and,
         where the higher half's lead is not resolved at alpha (``race_first_look``), the other half on from its own
-        checkpoint (``race_on``), the higher whole part going on."""
+        checkpoint (``race_on``), the higher whole part going on. With ``race_unresolved: fallback`` the fallback
+        goes on wherever the last look's lead is not resolved at alpha (``race_unresolved`` records the reading)."""
         start = self.record["start"]
         entries = self.record.setdefault("race", [])
         whole = min(self.plan["steps"][0], self.config.steps_per_stage // 2)
@@ -269,9 +270,16 @@ class _Stage:
                                 | {"leg": "on"})
                     self.state.save()
         winner, loser = self._ranked(legs)
+        if self.plan.get("race_unresolved", "higher") == "fallback" and winner["arm"] != self.arms[1] \
+                and not self._lead(winner, loser)["resolved"]:  # the race cannot tell: the smaller downside goes on
+            self.record["race_unresolved"] = {"went_on": self.arms[1], "higher": winner["arm"],
+                                              "lead": self._lead(winner, loser)}
+            winner, loser = loser, winner
         if legs is not entries:  # a whole part each, as two halves: each arm's first half before its other
             halves = tuple(next(e for e in entries if e["arm"] == side["arm"]) for side in (winner, loser))
         self.record["race_lead"] = self._settle(winner, loser, start["spent"], halves)
+        if self.record.get("race_unresolved"):  # the lead as read: the higher reading's, not the fallback's
+            self.record["race_lead"] = self.record["race_unresolved"]["lead"]
         if halves:
             self.record["race"], self.record["race_on"] = [halves[1], halves[0]], [loser, winner]
         else:

@@ -136,6 +136,7 @@ def check_summary(stage: dict) -> dict:
                       **({"pool_flat": start["pool_flat"]} if start.get("pool_flat") else {})},
             "race": [check(e) for e in record.get("race", [])], "race_lead": record.get("race_lead"),
             **({"race_first_look": record["race_first_look"]} if record.get("race_first_look") else {}),
+            **({"race_unresolved": record["race_unresolved"]} if record.get("race_unresolved") else {}),
             **({"race_on": [check(e) for e in record["race_on"]]} if record.get("race_on") else {}),
             "parts": [check(e) for e in record.get("parts", [])],
             **({"widen_races": [{"part": r["part"], "arm": r["arm"], "fractions": r["fractions"],
