@@ -137,3 +137,57 @@ def test_a_goal_miss_is_read_against_the_seeds_noise_with_students_t(tmp_path):
     assert nc["controls"]["gap"] == pytest.approx(-0.1) and nc["controls"]["beyond_noise"] is None
     assert out["missed_beyond_noise"] == {"controls": 1, "rules": 1}
     assert (out["controls"], out["rules"]) == (0, 1)  # the goals themselves are unchanged: c meets the rules
+
+
+def test_seed_spread_worst_run_mean_gap_and_seed_sd_by_hand(tmp_path):
+    """benchmarks/seed_spread.py against hand-built reports on two sides: the worst seed against full, the mean
+    over tasks of the mean gap, and the mean over tasks of the seeds' SD (n - 1), each side from its own items."""
+    spec = importlib.util.spec_from_file_location("seed_spread", _PATH.parent / "seed_spread.py")
+    spread = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(spread)
+
+    def report(name, checked, full):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"auc_by_method": {
+            "checked": {"per_seed": {str(s): v for s, v in enumerate(checked)}},
+            "full": {"per_seed": {str(s): v for s, v in enumerate(full)}}}}))
+        return str(path)
+
+    new_a, new_b = report("na", [0.5, 0.4, 0.3], [0.4, 0.4, 0.4]), report("nb", [0.2, 0.2, 0.2], [0.1, 0.3, 0.2])
+    old_a = report("oa", [0.45, 0.45, 0.45], [0.4, 0.4, 0.4])
+    out = spread.main(["--side", "new", "--report", f"a={new_a}", "--report", f"b={new_b}",
+                       "--side", "old", "--report", f"a={old_a}", "--out", str(tmp_path)])
+    new, old = out["sides"]["new"], out["sides"]["old"]
+    assert new["worst_to_full"]["task"] == "a" and new["worst_to_full"]["seed"] == "2"
+    assert new["worst_to_full"]["gap"] == pytest.approx(-0.1)  # 0.3 against 0.4 (b's worst is -0.1 too, later)
+    assert new["mean_gap_to_full"] == pytest.approx((0.0 + 0.0) / 2)  # a: (0.1 + 0 - 0.1) / 3; b: (0.1 - 0.1 + 0) / 3
+    assert new["mean_sd"] == pytest.approx((0.1 + 0.0) / 2)  # a's AUCs 0.5, 0.4, 0.3: SD (n - 1) exactly 0.1
+    assert old["worst_to_full"]["gap"] == pytest.approx(0.05) and old["mean_sd"] == pytest.approx(0.0)
+    assert json.loads((tmp_path / "seed_spread.json").read_text())["sides"]["old"]["tasks"].keys() == {"a"}
+
+
+def test_binding_marks_where_a_rule_bound_and_flags_a_changed_run_it_did_not_bind(tmp_path):
+    """benchmarks/binding.py on hand-built reports: seed 0 carries the mark and differs (bound), seed 1 equals the
+    old run (not bound), seed 2 differs without the mark: the run the design's check exists to catch."""
+    spec = importlib.util.spec_from_file_location("binding", _PATH.parent / "binding.py")
+    binding = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(binding)
+    curves = {"0": {"1": 0.1}, "1": {"1": 0.2}, "2": {"1": 0.3}}
+
+    def report(name, method, acc, checks, full=0.5):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"accuracy_by_step": {method: acc, "full": {"0": {"1": full}}},
+                                    "checks": {method: checks},
+                                    "auc_by_method": {method: {"per_seed": {s: c["1"] for s, c in acc.items()}}}}))
+        return str(path)
+
+    new = report("new", "cand", {"0": {"1": 0.15}, "1": {"1": 0.2}, "2": {"1": 0.31}},
+                 {"0": {"0": {"mark": {"went_on": "diverse"}}}, "1": {"0": {}}, "2": {"0": {"mark": None}}})
+    old = report("old", "rev", curves, {s: {"0": {}} for s in curves}, full=0.6)
+    out = binding.main(["--task", f"t={new}:{old}", "--new", "cand", "--old", "rev", "--mark", "mark",
+                        "--out", str(tmp_path)])
+    rows = out["tasks"]["t"]
+    assert rows["0"]["bound"] == {"0": {"went_on": "diverse"}} and rows["0"]["equal_to_old"] is False
+    assert rows["1"]["bound"] is None and rows["1"]["equal_to_old"] is True
+    assert out["bound"] == 1 and out["not_bound_but_different"] == [["t", "2"]]
+    assert out["full_equal"] == {"t": False} and rows["0"]["auc"] - rows["0"]["auc_old"] == pytest.approx(0.05)
