@@ -243,6 +243,36 @@ def test_cli_runs_a_curriculum(setup, monkeypatch, capsys):
 # ---------------------------------------------------------------- compatibility with curricula started earlier
 
 
+def test_a_curriculum_that_named_todays_default_before_it_was_the_default_resumes(tmp_path):
+    """A curriculum started naming ``check.race_length: sequential`` while ``part`` was the default stored a key with
+    it; today ``sequential`` is the default and drops out of the key, so the same config was refused as "started
+    with another config" (round 20 met this resuming round 19's runs). Keys computed by that code: at 87c94ae
+    (before revision 19) naming race_length sequential, and at ddfb16b~1 (before revision 16) naming widen_when
+    stalled. Both resume today's config, which holds both at their default; another config's key (race_length
+    half at ddfb16b~1) does not, and a config that changed one of them resumes neither."""
+    from cropi.pipeline.curriculum.state import CurriculumPaths, StageState
+
+    cfg = CurriculumConfig.model_validate(dict(
+        name="pinned", model="/m", pool="/p", validation={"v": "/v"}, stages=2, select_fraction=0.2, method="cropi",
+        reward="exact_numeric", collect=dict(pool_samples=4, temperature=1.0, backend="hf",
+                                             backend_options={"max_batch_rows": 8}),
+        projection=dict(kind="sjlt", dim=64, kept_fraction=0.1), gradient_dtype="float32"))
+    keys = cfg.resume_keys()
+    assert cfg.resume_key() == "33b13f976f82e4b9" and len(keys) == 2 ** 5  # every option of CHANGED_DEFAULTS
+    assert {"01b5f63c8b4d4c64", "1f08a154b0ea6b4f"} <= keys and "ae5c09f0f29e2398" not in keys
+    part = cfg.model_copy(update={"check": CheckOptions(race_length="part")})
+    assert not {"01b5f63c8b4d4c64", "33b13f976f82e4b9"} & part.resume_keys()
+    paths = CurriculumPaths(tmp_path, "pinned")
+    paths.state.parent.mkdir(parents=True)
+    for key, resumes in (("01b5f63c8b4d4c64", True), ("ae5c09f0f29e2398", False)):
+        paths.state.write_text(json.dumps({"version": 1, "name": "pinned", "resume_key": key, "stages": []}))
+        if resumes:
+            assert StageState.open(paths, cfg).doc["resume_key"] == key  # kept as stored
+        else:
+            with pytest.raises(CurriculumConflictError, match="started with another config"):
+                StageState.open(paths, cfg)
+
+
 def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_path, monkeypatch):
     """Values computed by the code before the score step was unified (commit 12489f8), so
     curricula started then resume, and find their trajectories and gradients, after it.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -15,6 +16,11 @@ from cropi.pipeline.curriculum.check import CheckOptions
 from cropi.pipeline.requests import RefreshOptions, ScoreRequest, ScoringSettings, validation_names
 from cropi.selection import RANKING_SELECTORS, SELECTORS, get_selector
 from cropi.utils.hashing import short_hash
+
+# Check options whose default changed, each at the commit that changed it (issue 32's revisions): refresh status ->
+# blind_spot (19ec187), widened selection -> filled (4047630), sizing theta_0 -> stage_start (1e0a25a), widen_when
+# saturated -> stalled (ddfb16b, revision 16), race_length part -> sequential (001c144, revision 19).
+CHANGED_DEFAULTS = ("refresh", "widened", "sizing", "widen_when", "race_length")
 
 # The checked curriculum's refresh (check.refresh): the status criterion at its decision point (a fresh group more
 # likely than not in the other status) and no cap, which would keep the blind spot for the prompts over it; both
@@ -128,11 +134,21 @@ class CurriculumConfig(ScoringSettings):
         except ValidationError as e:
             raise CurriculumConfigError(f"bad curriculum config: {format_validation_error(e, 'config')}") from None
 
-    def resume_key(self) -> str:
+    def resume_keys(self) -> set[str]:
+        """The keys a curriculum started with this config may have stored: ``resume_key``, and one for each set of
+        the check options whose default changed (``CHANGED_DEFAULTS``) that this config holds at today's default,
+        as a curriculum naming that value before it was the default spelled it (the value means what it did then,
+        so that curriculum resumes; without this it was refused as started with another config)."""
+        changed = [n for n in CHANGED_DEFAULTS if getattr(self.check, n) == getattr(CheckOptions(), n)]
+        return {self.resume_key(frozenset(named)) for r in range(len(changed) + 1)
+                for named in itertools.combinations(changed, r)}
+
+    def resume_key(self, named: frozenset[str] = frozenset()) -> str:
         """Hash of everything a resumed run must keep (all but ``stages``).
 
         Taken over the config as state.json version 1 spelled it (``collect.backend_options``,
         no ``collect.reward``), so curricula started before the options were unified resume.
+        ``named``: check options kept in the key even at their default (``resume_keys``).
         """
         doc = self.model_dump(mode="json", exclude={"stages"})
         doc["method"] = doc.pop("selector")  # the key's name before the selector registry
@@ -145,7 +161,7 @@ class CurriculumConfig(ScoringSettings):
         later = ("confirm_on", "at_whole_pool", "best_of", "test", "rerace", "refresh", "widened", "sizing",
                  "saturation_reference", "widen_check", "screen", "race_length", "widen_when", "race_unresolved")
         for name in later:
-            if doc["check"][name] == getattr(CheckOptions(), name):
+            if doc["check"][name] == getattr(CheckOptions(), name) and name not in named:
                 doc["check"].pop(name)
         if doc["check"] == CheckOptions().model_dump(mode="json", exclude=set(later)):
             doc.pop("check")  # added later, on by default: curricula started before keep their key

@@ -44,7 +44,7 @@ class StageState:
         if paths.state.is_file():
             fs, path = resolve(str(paths.state))
             doc = read_json(fs, path)
-            if doc.get("resume_key") != config.resume_key():
+            if doc.get("resume_key") not in config.resume_keys():
                 raise CurriculumConflictError(
                     f"curriculum {config.name!r} under {paths.root} was started with another config "
                     f"(see {paths.state}); rerun it with that config (only 'stages' may grow), pick another "
