@@ -270,16 +270,15 @@ class _Stage:
                                 | {"leg": "on"})
                     self.state.save()
         winner, loser = self._ranked(legs)
+        read = self._lead(winner, loser)
         if self.plan.get("race_unresolved", "higher") == "fallback" and winner["arm"] != self.arms[1] \
-                and not self._lead(winner, loser)["resolved"]:  # the race cannot tell: the smaller downside goes on
-            self.record["race_unresolved"] = {"went_on": self.arms[1], "higher": winner["arm"],
-                                              "lead": self._lead(winner, loser)}
+                and not read["resolved"]:  # the race cannot tell its arms apart: the smaller downside goes on
+            self.record["race_unresolved"] = {"went_on": self.arms[1], "higher": winner["arm"], "lead": read}
             winner, loser = loser, winner
         if legs is not entries:  # a whole part each, as two halves: each arm's first half before its other
             halves = tuple(next(e for e in entries if e["arm"] == side["arm"]) for side in (winner, loser))
-        self.record["race_lead"] = self._settle(winner, loser, start["spent"], halves)
-        if self.record.get("race_unresolved"):  # the lead as read: the higher reading's, not the fallback's
-            self.record["race_lead"] = self.record["race_unresolved"]["lead"]
+        self._settle(winner, loser, start["spent"], halves)
+        self.record["race_lead"] = read  # the higher reading's lead: the winner's, but where the fallback went on
         if halves:
             self.record["race"], self.record["race_on"] = [halves[1], halves[0]], [loser, winner]
         else:
