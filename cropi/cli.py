@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from cropi import __version__
 from cropi.cli_args import add_model_args, model_values
 from cropi.contracts import SCORE_PREFIX, SELECTED
-from cropi.errors import CropiError, InvalidInputError, format_validation_error
+from cropi.errors import CropiError, InvalidInputError, format_validation_error, storage_full
 
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {}
 
@@ -306,8 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         result = COMMANDS[args.command][2](args)
-    except CropiError as e:
-        print(f"cropi {args.command}: error: {e}", file=sys.stderr)
+    except (CropiError, OSError) as e:  # of OSErrors, a full device's (a trainer's checkpoint, a worker's write)
+        error = e if isinstance(e, CropiError) else storage_full(e)
+        if error is None:
+            raise
+        print(f"cropi {args.command}: error: {error}", file=sys.stderr)
         return 2
     if result is not None:
         print(json.dumps(result, indent=None if args.json else 2, default=str))

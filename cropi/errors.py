@@ -6,6 +6,10 @@ wrong and what to do. The service maps ``code`` to a stable JSON error code.
 
 from __future__ import annotations
 
+import errno
+import shutil
+from pathlib import Path
+
 
 class CropiError(Exception):
     """Base class: something the caller can fix."""
@@ -47,6 +51,50 @@ class CorruptDataError(CropiError):
 
     code = "corrupt_data"
     http_status = 500
+
+
+class StorageFullError(CropiError, OSError):
+    """A write found its device (or the user's quota on it) full. Writes are atomic, so nothing
+    committed before it is lost, and every job resumes from what it committed. Still an ``OSError``
+    (its ``errno`` the original's), so code that lets a failed write pass goes on doing so."""
+
+    code = "storage_full"
+    http_status = 507  # Insufficient Storage
+
+
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def storage_full(exc: BaseException, path: str | None = None) -> StorageFullError | None:
+    """The ``StorageFullError`` that ``exc`` stands for when it is an ``OSError`` of a full device or
+    quota (``path``: what was being written, else the error's own filename); None for any other error.
+    The one spelling of that message for the stores' writes, the CLI and the service's jobs."""
+    if isinstance(exc, StorageFullError):
+        return exc
+    if not isinstance(exc, OSError) or exc.errno not in NO_SPACE:
+        return None
+    where = path or exc.filename
+    error = StorageFullError(
+        f"no space left on the device to write {where or 'a file'}{_free_space(where)}: free space there, or "
+        "give a root or store on a larger device, then rerun the same command: what was committed before "
+        "this write is kept and the rerun resumes from it")
+    error.errno = exc.errno
+    return error
+
+
+def _free_space(path) -> str:
+    """`` (N GB free of M GB)`` for the device holding ``path`` (its nearest existing folder); empty when
+    that cannot be read (a remote store, a path with no existing parent)."""
+    if not path:
+        return ""
+    folder = Path(str(path))
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return ""
+    return f" ({usage.free / 1e9:.2f} GB free of {usage.total / 1e9:.1f} GB)"
 
 
 def format_validation_error(error, whole: str = "value", *, where=None, limit: int | None = None) -> str:

@@ -180,6 +180,27 @@ def test_gradients_killed_then_resumed_equals_uninterrupted(scored, task_model, 
     _assert_same_vectors(GradientStore(str(store)), GradientStore(str(scored / "store")))
 
 
+def test_gradients_on_a_full_device_stop_with_what_to_do_keep_their_shards_and_resume(scored, task_model, tmp_path,
+                                                                                      monkeypatch, capsys):
+    from test_storage_full import fill_after
+
+    store = tmp_path / "store"
+    args = ["gradients", "--model", task_model, "--trajectories", str(scored / "traj" / "pool"), "--store", str(store),
+            "--split", "pool", "--name", "warm", "--rows-per-shard", "1", *PROJ]
+    failed = fill_after(monkeypatch, 12)  # some shards commit, then the device is full
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    err = err[err.index("cropi gradients: error:"):]  # after the progress bar it stopped
+    assert err.startswith("cropi gradients: error: no space left on the device to write ") and failed, err
+    assert failed[0].split(".tmp-")[0] in err and "rerun the same command" in err
+    (spec,) = [s["spec_id"] for s in GradientStore(str(store)).list_splits() if s["split"] == "pool"]
+    kept = GradientStore(str(store)).open_split("warm", spec, "pool").read(verify=True)
+    assert 0 < len(kept.prompt_ids) < 20  # what was committed before the device filled, whole
+    monkeypatch.undo()  # room again: the same command resumes
+    assert main(args) == 0
+    _assert_same_vectors(GradientStore(str(store)), GradientStore(str(scored / "store")))
+
+
 def _assert_same_vectors(a: GradientStore, b: GradientStore) -> None:
     """Same prompts once each, same statuses, same vectors. Float tolerance, not bits: the runs
     compared use different thread counts, so float32 reductions are ordered differently."""

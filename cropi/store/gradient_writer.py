@@ -7,7 +7,7 @@ import operator
 import numpy as np
 import pyarrow as pa
 
-from cropi.errors import InvalidInputError
+from cropi.errors import InvalidInputError, StorageFullError
 from cropi.store.sharded import ShardedDataset
 from cropi.store.types import GRADIENT_STATUSES, GradientRecord
 
@@ -101,6 +101,8 @@ class GradientWriter:
             return
         try:  # buffered rows are complete results: keep them even when the caller failed
             self.close()
+        except StorageFullError as e:  # the caller's own error is most likely this one: said once, no traceback
+            log.warning("could not commit %d buffered gradients: %s", len(self._rows), e)
         except Exception:
             log.exception("could not commit buffered gradients while handling another error")
 

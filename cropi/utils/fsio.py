@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from cropi.errors import CorruptDataError, InvalidInputError, NotFoundError
+from cropi.errors import CorruptDataError, InvalidInputError, NotFoundError, storage_full
 
 TMP_MARK = ".tmp-"  # temporary files are "<target>.tmp-<uuid hex>"
 _CHUNK = 1 << 20
@@ -54,7 +54,8 @@ def atomic_write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
 
     The bytes go to ``path + ".tmp-<uuid>"`` and are then moved over ``path``.
     On the local filesystem the file is fsynced before the move and the directory
-    after it, so a crash cannot leave a renamed but empty file.
+    after it, so a crash cannot leave a renamed but empty file. A full device (or quota)
+    raises ``StorageFullError``, the temporary file removed and ``path`` as it was.
     """
     tmp = f"{path}{TMP_MARK}{uuid.uuid4().hex}"
     if parent(path):
@@ -66,8 +67,11 @@ def atomic_write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
             with fs.open_output_stream(tmp) as out:
                 out.write(data)
         fs.move(tmp, path)
-    except BaseException:
+    except BaseException as e:
         _remove_quietly(fs, tmp)
+        full = storage_full(e, path)
+        if full is not None:
+            raise full from e
         raise
     if is_local(fs):
         _fsync_dir(parent(path))

@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from cropi.errors import CropiError
+from cropi.errors import CropiError, storage_full
 from cropi.utils.processes import die_with_parent, kill_group
 from .table import JobStore
 
@@ -85,6 +85,7 @@ def _raise_superseded() -> None:
 
 def error_payload(exc: BaseException) -> dict[str, str]:
     """The ``{code, message}`` stored for a failed job."""
+    exc = storage_full(exc) or exc  # a full device's OSError, wherever in the job it was raised
     if isinstance(exc, CropiError):
         return {"code": exc.code, "message": str(exc)}
     return {"code": "job_error", "message": f"{type(exc).__name__}: {exc} (the worker log under "
