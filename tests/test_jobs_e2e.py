@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -199,6 +200,33 @@ def test_gradients_on_a_full_device_stop_with_what_to_do_keep_their_shards_and_r
     monkeypatch.undo()  # room again: the same command resumes
     assert main(args) == 0
     _assert_same_vectors(GradientStore(str(store)), GradientStore(str(scored / "store")))
+
+
+def test_gradients_already_stored_load_no_model_and_another_checkpoint_under_the_name_is_still_refused(
+        scored, task_model, tmp_path, monkeypatch, capsys):
+    import cropi.pipeline.compute_gradients as job_module
+
+    store = tmp_path / "store"
+    shutil.copytree(scored / "store", store)
+    args = ["gradients", "--trajectories", str(scored / "traj" / "pool"), "--store", str(store), "--split", "pool",
+            "--name", "warm", *PROJ]
+
+    def no_load(*_, **__):
+        raise AssertionError("a model was loaded for gradients already stored")
+
+    monkeypatch.setattr(job_module, "load_causal_lm", no_load)
+    monkeypatch.setattr(job_module, "load_tokenizer", no_load)
+    out = run_cli(*args, "--model", task_model)
+    assert out["computed"] == {} and out["skipped"] == out["total"] == 20
+    other = tmp_path / "other"  # the same weights, another config: another checkpoint under the same name
+    shutil.copytree(task_model, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(config | {"cropi_test_marker": 1}))
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main([*args, "--model", str(other)]) == 2
+    err = capsys.readouterr().err  # refused with the store's own mismatch, not served the stored rows
+    assert "different identity" in err and "identity.checkpoint.fingerprint" in err, err[-2000:]
 
 
 def _assert_same_vectors(a: GradientStore, b: GradientStore) -> None:

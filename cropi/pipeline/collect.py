@@ -13,6 +13,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from cropi.contracts import Backend
 from cropi.data import load_prompts, prompts_fingerprint
+from cropi.errors import NotFoundError
 from cropi.generation import EngineOptions, SamplingConfig, make_backend
 from cropi.generation.options import CollectOptions
 from cropi.generation.prompting import check_prompt_fits, render_prompt
@@ -83,6 +84,18 @@ def collect(job: CollectJob, progress: Progress | None = None, backend=None) -> 
         if own:
             backend.close()
     return {"collected": len(todo), "skipped": len(records) - len(todo), "total": len(records)}
+
+
+def collected(job: CollectJob) -> bool:
+    """Whether the job's store already holds every prompt of its prompt file (of its shard): then the
+    job has nothing to do, and no engine need start for it (a vLLM engine takes tens of seconds)."""
+    try:
+        store = TrajectoryStore.open(job.out)
+    except NotFoundError:
+        return False
+    shard = parse_shard(job.shard)
+    return {r.prompt_id for r in load_prompts(job.prompts) if in_shard(r.prompt_id, shard)} <= \
+        store.committed_prompt_ids()
 
 
 def default_batch_prompts() -> int:

@@ -16,7 +16,7 @@ from typing import Optional
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from cropi.contracts import NAME_PATTERN, VectorDtype
-from cropi.errors import InvalidInputError
+from cropi.errors import CropiError, InvalidInputError
 from cropi.gradients import LossOptions, make_computer
 from cropi.gradients.options import ModelOptions
 from cropi.models.loading import load_causal_lm, load_tokenizer
@@ -62,14 +62,48 @@ class GradientJob(BaseModel):
 
 
 def open_split(job: GradientJob, projector, trajectories: TrajectoryStore, fingerprint: str, device: str = "cpu"):
+    spec, extra = _identity(job, trajectories, device)
+    extra |= {"n_kept": projector.n_kept, "n_coords": projector.n_coords}
+    return GradientStore(job.store).split(CheckpointRef(name=job.checkpoint_name, fingerprint=fingerprint),
+                                          spec, job.split, dim=projector.out_dim, dtype=job.gradient_dtype, extra=extra)
+
+
+def _identity(job: GradientJob, trajectories: TrajectoryStore, device: str) -> tuple[dict, dict]:
+    """The split's spec and the part of its ``extra`` that needs no projector (``open_split`` adds the
+    projector's counts, which the spec and the model's shapes decide)."""
     spec = job.projection.model_dump() | {"spec_id": job.projection.spec_id}
-    extra = {"loss": job.loss.recorded(), "trajectories": _identity_hash(trajectories.identity),
-             "n_kept": projector.n_kept, "n_coords": projector.n_coords}
+    extra = {"loss": job.loss.recorded(), "trajectories": _identity_hash(trajectories.identity)}
     model = job.model_options.recorded(device)
     if model:  # float32 with eager attention records nothing: stores made before the option still match
         extra["model"] = model
-    return GradientStore(job.store).split(CheckpointRef(name=job.checkpoint_name, fingerprint=fingerprint),
-                                          spec, job.split, dim=projector.out_dim, dtype=job.gradient_dtype, extra=extra)
+    return spec, extra
+
+
+def _already_done(job: GradientJob, trajectories: TrajectoryStore, mine: list[str], fingerprint: str,
+                  device: str) -> dict | None:
+    """The job's result when its split already holds every prompt of ``mine``, computed as this job would
+    compute them (the same checkpoint fingerprint, spec, loss, trajectories, model options and dtype);
+    None otherwise, and the job runs as usual (which names any mismatch). So a checkpoint scored again (a
+    service request repeated with another selector or fraction, a resumed curriculum) loads no model and no
+    tokenizer: at 1.5B that is seconds a split. The projector's counts are left out of the comparison: the
+    spec and the model's shapes decide them, and the fingerprint pins the model."""
+    try:
+        stored = GradientStore(job.store).open_split(job.checkpoint_name, job.projection.spec_id, job.split)
+        identity = stored.dataset.identity
+    except CropiError:  # no such split yet (or one unreadable: the usual path says what is wrong)
+        return None
+    spec, extra = _identity(job, trajectories, device)
+    kept = {k: v for k, v in (identity.get("extra") or {}).items() if k not in ("n_kept", "n_coords")}
+    same = (identity.get("checkpoint") == CheckpointRef(name=job.checkpoint_name, fingerprint=fingerprint).model_dump()
+            and identity.get("spec") == spec and identity.get("dtype") == job.gradient_dtype and kept == extra)
+    if not same or not set(mine) <= stored.committed_prompt_ids():
+        return None
+    return _result(job, {}, len(mine), len(mine))
+
+
+def _result(job: GradientJob, counts: dict, skipped: int, total: int) -> dict:
+    return {"split": job.split, "checkpoint": job.checkpoint_name, "spec_id": job.projection.spec_id,
+            "computed": counts, "skipped": skipped, "total": total}
 
 
 def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dict:
@@ -82,16 +116,21 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
         raise InvalidInputError(f"checkpoint_layers applies to the batched kinds (factored, tensorsketch), not kind "
                                 f"{job.projection.kind!r}: leave it off, or project with the default spec")
     trajectories = TrajectoryStore.open(job.trajectories)
+    mine = sorted(p for p in trajectories.committed_prompt_ids() if in_shard(p, shard))
+    fingerprint = model_fingerprint(job.model)
+    done = _already_done(job, trajectories, mine, fingerprint, device)
+    if done is not None:
+        progress(f"gradients:{job.split}", len(mine), len(mine))
+        return done
     check_tokenizer_matches(trajectories.identity, load_tokenizer(job.model), job.model)
     dtype, attention = job.model_options.resolve(device)
     model = load_causal_lm(job.model, device=device, dtype=dtype, attn_implementation=attention)
     projector = make_projector(job.projection, {n: tuple(p.shape) for n, p in model.named_parameters()}, device=device)
-    split = open_split(job, projector, trajectories, model_fingerprint(job.model), device)
+    split = open_split(job, projector, trajectories, fingerprint, device)
     computer = make_computer(model, projector, job.loss)  # the factored kind batches many prompts a backward
     computer.checkpoint_layers = job.model_options.checkpoint_layers
     counts: dict[str, int] = {}
     stage = f"gradients:{job.split}"
-    mine = sorted(p for p in trajectories.committed_prompt_ids() if in_shard(p, shard))
     # what is done is read once the writer is ours: another process writing this shard may have just finished it
     with split.writer(writer_id(shard), rows_per_shard=job.rows_per_shard) as writer:
         done = split.committed_prompt_ids()
@@ -106,8 +145,7 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
                 counts[res.status] = counts.get(res.status, 0) + 1
             done_n += len(batch)
             progress(stage, done_n, len(mine))
-    return {"split": job.split, "checkpoint": job.checkpoint_name, "spec_id": job.projection.spec_id,
-            "computed": counts, "skipped": len(mine) - len(todo), "total": len(mine)}
+    return _result(job, counts, len(mine) - len(todo), len(mine))
 
 
 def _batches(items, size: int):

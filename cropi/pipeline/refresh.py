@@ -58,7 +58,7 @@ from cropi.data import load_prompts, write_jsonl
 from cropi.errors import InvalidInputError, MismatchError
 from cropi.generation import EngineOptions, SamplingConfig
 from cropi.gradients.popi import mixed_probability
-from cropi.pipeline.collect import CollectJob, collect
+from cropi.pipeline.collect import CollectJob, collect, collected
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.rank import find_spec_id
 from cropi.pipeline.requests import RefreshOptions
@@ -153,9 +153,13 @@ def refresh(job: RefreshJob, progress: Progress | None = None, backend=None) -> 
             raise InvalidInputError(f"{len(missing)} prompts chosen for refresh are not in {job.prompts}: "
                                     f"{sorted(missing)[:5]}; pass the split's prompt file")
         write_jsonl(records, prompt_file)
-        counts = collect(CollectJob(model=job.model, prompts=prompt_file, out=str(Path(job.out) / "trajectories"),
-                                    sampling=job.sampling, backend=job.backend, reward=job.reward,
-                                    batch_prompts=job.batch_prompts, engine=job.engine), progress, backend=backend)
+        again = CollectJob(model=job.model, prompts=prompt_file, out=str(Path(job.out) / "trajectories"),
+                           sampling=job.sampling, backend=job.backend, reward=job.reward,
+                           batch_prompts=job.batch_prompts, engine=job.engine)
+        if collected(again):  # a refresh run again (a checkpoint scored again): no engine started
+            counts = {"collected": 0, "skipped": len(records), "total": len(records)}
+        else:
+            counts = collect(again, progress, backend=backend)
     else:
         counts = {"collected": 0, "skipped": 0, "total": 0}
     return {"plan": plan, **counts}

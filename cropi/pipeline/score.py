@@ -27,9 +27,9 @@ from typing import Optional
 
 from cropi.contracts import POOL, SELECTED
 from cropi.data import load_prompts, prompts_fingerprint, reading_once
-from cropi.errors import InvalidInputError, MismatchError, NotFoundError
+from cropi.errors import InvalidInputError, MismatchError
 from cropi.generation import make_backend
-from cropi.pipeline.collect import CollectJob, collect
+from cropi.pipeline.collect import CollectJob, collect, collected
 from cropi.pipeline.compute_gradients import GradientJob, compute_gradients
 from cropi.pipeline.progress import Progress, report
 from cropi.pipeline.rank import RankingResult, pool_labels, rank, ranking_name
@@ -172,7 +172,7 @@ def ensure_trajectories(request: ScoreRequest, root: str | Path, progress: Progr
         check_trajectories(split, path, request.splits[split])
     missing = {s: p for s, p in request.splits.items() if s not in given}
     jobs = collect_jobs(request, root, missing) if missing else {}
-    todo = [job for job in jobs.values() if not _complete(job)]
+    todo = [job for job in jobs.values() if not collected(job)]
     if todo:
         with make_backend(request.collect.backend, todo[0].model, request.collect.engine) as backend:
             for job in todo:
@@ -197,15 +197,6 @@ def check_trajectories(split: str, path: str, prompts: str) -> None:
         f"not in the file, e.g. {foreign[:3]})" + ("" if want != have else "; the prompt texts differ") +
         f". Pass the trajectories collected from {prompts}, or leave {split!r} out of 'trajectories' to have "
         "them collected")
-
-
-def _complete(job: CollectJob) -> bool:
-    """Whether the job's store already holds every prompt of its prompt file."""
-    try:
-        store = TrajectoryStore.open(job.out)
-    except NotFoundError:
-        return False
-    return {r.prompt_id for r in load_prompts(job.prompts)} <= store.committed_prompt_ids()
 
 
 # ---------------------------------------------------------------- gradients
