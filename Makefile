@@ -7,7 +7,7 @@ VERLENV := .venv-verl
 PIP     := $(VENV)/bin/pip
 OUT     ?= out
 
-.PHONY: demo test venv venv-verl clean gpu-checks
+.PHONY: demo test venv venv-verl clean gpu-checks space
 
 # Every package at the version constraints/*.txt pins (what the suite was last run with, updated on purpose):
 # a fresh clone next month installs what CI tested, not whatever PyPI has newest.
@@ -57,7 +57,16 @@ GOLDEN_CORES := $(if $(HAS_AVX2),Haswell Zen) $(if $(HAS_AVX512),SkylakeX)
 
 # The verl checks run in verl's own environment (its transformers pin conflicts with vLLM's). The two
 # environments are independent and their builds mostly wait on downloads: built side by side.
-test:
+# The two environments take 6.5 GB here (.venv 4.2, .venv-verl 2.3) and pip's downloads pass through the
+# temporary folder: a CI run once died with "No space left on device" halfway through them (the machine had
+# 1.9 GB free). Said first, so a log that ends that way already shows why.
+NEED_GB := 8
+space:
+	@free=$$(df -Pk . | awk 'NR==2 {printf "%.1f", $$4 / 1048576}'); echo "free space here: $$free GB"; \
+	  if [ ! -f $(VENV)/.done ] && awk "BEGIN {exit !($$free < $(NEED_GB))}"; then \
+	    echo "warning: building the environments needs about $(NEED_GB) GB here; free space first" >&2; fi
+
+test: space
 	$(MAKE) -j2 venv venv-verl
 	$(VERLENV)/bin/python -m pytest -q tests/test_verl.py
 	CROPI_GOLDEN_CAPABILITIES="$(strip $(GOLDEN_CAPS))" CROPI_GOLDEN_CORETYPES="$(strip $(GOLDEN_CORES))" $(VENV)/bin/python -m pytest -q --durations=30 --ignore=tests/test_verl.py
