@@ -259,3 +259,40 @@ def test_the_all_equal_groups_scoring_did_not_run_are_weighed_for_the_criterion(
                            out=str(tmp_path / "other"), criterion="status", budget=1.0, trajectories=traj_dir))
     with pytest.raises(MismatchError, match="not the trajectory store"):
         run("other-store", criterion="status", trajectories=str(tmp_path / "by-status" / "trajectories"))
+
+
+def test_the_all_equal_groups_are_weighed_in_the_dtype_and_attention_their_gradients_ran_in(tmp_path, monkeypatch):
+    """Gradients taken with the model in bfloat16 (the CUDA default) record it; the refresh weighs the groups
+    scoring did not run in the same dtype and attention, not in float32: on CUDA several times slower, and
+    not the precision of the other groups' weights. Without a record (float32, eager) it loads as before."""
+    import cropi.models.loading as loading
+    from cropi.gradients.options import ModelOptions
+    from cropi.pipeline.collect import CollectJob, collect
+    from cropi.pipeline.compute_gradients import GradientJob, compute_gradients
+    from cropi.projection import ProjectionSpec
+
+    behavior = shipped_model()
+    write_jsonl(task_splits()["pool"][:8], str(tmp_path / "pool.jsonl"))
+    traj_dir = str(tmp_path / "trajectories")
+    collect(CollectJob(model=str(behavior), prompts=str(tmp_path / "pool.jsonl"), out=traj_dir, backend="hf",
+                       reward="exact_numeric", sampling=SamplingConfig(samples=4, max_new_tokens=6, temperature=1.0),
+                       batch_prompts=8))
+    ckpt = perturbed_copy(behavior, tmp_path / "ckpt")
+    spec = ProjectionSpec(kind="sjlt", dim=4)
+    loads = []
+    real = loading.load_causal_lm
+    monkeypatch.setattr(loading, "load_causal_lm", lambda path, **kw: (loads.append(kw), real(path, **kw))[1])
+    for name, options in (("bf16", ModelOptions(model_dtype="bfloat16", attention="sdpa")), ("f32", ModelOptions())):
+        compute_gradients(GradientJob(model=str(ckpt), trajectories=traj_dir, store=str(tmp_path / "grads"),
+                                      split="pool", name=name, projection=spec, gradient_dtype="float32",
+                                      device="cpu", model_options=options))
+        loads.clear()
+        plan = refresh(RefreshJob(model=str(ckpt), prompts=str(tmp_path / "pool.jsonl"),
+                                  gradients=str(tmp_path / "grads"), checkpoint=name, spec_id=spec.spec_id,
+                                  out=str(tmp_path / f"refresh-{name}"), backend="hf", reward="exact_numeric",
+                                  sampling=SamplingConfig(samples=2, max_new_tokens=2), batch_prompts=8,
+                                  criterion="status", above=0.0, budget=1.0, trajectories=traj_dir))["plan"]
+        assert plan["all_equal_unknown"] == 0 and plan["selected"]
+        weighed = loads[0]  # the weighing's load comes first: the collection's engine starts after it
+        want = ("bfloat16", "sdpa") if name == "bf16" else ("float32", "eager")
+        assert (str(weighed["dtype"]), weighed["attn_implementation"]) == want, weighed

@@ -74,3 +74,9 @@ class ModelOptions(BaseModel):
         ``checkpoint_layers``: it changes what a pass holds, not what it computes."""
         dtype, attention = self.resolve(device)
         return {} if (dtype, attention) == BASELINE else {"model_dtype": dtype, "attention": attention}
+
+
+def recorded_run(record: dict | None) -> tuple[str, str]:
+    """(dtype, attention) the model ran in for a store whose identity records ``record`` (``ModelOptions.
+    recorded``; nothing: float32 with eager attention), on whatever device reads it."""
+    return (record["model_dtype"], record["attention"]) if record else BASELINE

@@ -22,7 +22,7 @@ Scoring runs no forward pass on a group whose rewards are all equal (its gradien
 theta), so its ESS, ESS/K and log mean weight are not stored (null). Given the trajectory store the
 gradients were computed from (``trajectories``; the score step passes it), the refresh computes
 what its criterion needs for those prompts at the checkpoint (``weight_diagnostics``: a no-grad
-forward over them only), so both criteria see them as before. Without it their value is unknown
+forward over them only, in the dtype and attention the gradients ran in), so both criteria see them as before. Without it their value is unknown
 and neither criterion chooses them (under ``status`` they are the groups the policy may have
 learned or unlearned: pass the store); the plan and the printed summary count them
 (``all_equal_unknown``).
@@ -267,6 +267,7 @@ def _weigh(job: RefreshJob, split, prompt_ids: list[str]) -> dict[str, dict]:
 
     from cropi.gradients import LossOptions
     from cropi.gradients.batched import weight_diagnostics
+    from cropi.gradients.options import recorded_run
     from cropi.models.loading import load_causal_lm
     from cropi.pipeline.compute_gradients import _identity_hash
     from cropi.store import TrajectoryStore
@@ -280,7 +281,10 @@ def _weigh(job: RefreshJob, split, prompt_ids: list[str]) -> dict[str, dict]:
     if model_fingerprint(job.model) != split.checkpoint.fingerprint:
         raise MismatchError(f"{job.model} is not the checkpoint the gradients {job.checkpoint!r} were computed at: "
                             "the weights of their all-equal groups are computed at that checkpoint")
-    model = load_causal_lm(job.model, device=resolve_device("auto"))
+    # in the dtype and attention the gradients ran in (their identity records them): on CUDA bfloat16 with sdpa, so
+    # the all-equal groups' weights are computed as the other groups' were, and not in float32 (several times slower)
+    dtype, attention = recorded_run(split.extra.get("model"))
+    model = load_causal_lm(job.model, device=resolve_device("auto"), dtype=dtype, attn_implementation=attention)
     try:
         loss = LossOptions(**split.extra.get("loss", {}))  # the gradients' own: their context limit and batching
         return weight_diagnostics(model, trajectories.iter_prompts(prompt_ids), loss)
