@@ -156,7 +156,9 @@ def refresh(job: RefreshJob, progress: Progress | None = None, backend=None) -> 
         again = CollectJob(model=job.model, prompts=prompt_file, out=str(Path(job.out) / "trajectories"),
                            sampling=job.sampling, backend=job.backend, reward=job.reward,
                            batch_prompts=job.batch_prompts, engine=job.engine)
-        if collected(again):  # a refresh run again (a checkpoint scored again): no engine started
+        # a refresh run again (a checkpoint scored again): no engine started. What it holds is this refresh's: the
+        # folder is named by the checkpoint (whose name hashes its trajectories), the model and the options
+        if collected(again):
             counts = {"collected": 0, "skipped": len(records), "total": len(records)}
         else:
             counts = collect(again, progress, backend=backend)
