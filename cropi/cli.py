@@ -310,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         error = e if isinstance(e, CropiError) else storage_full(e)
         if error is None:
             raise
+        from cropi.pipeline.progress import close_bars
+
+        close_bars()  # a bar the error stopped halfway: the message starts a line of its own
         print(f"cropi {args.command}: error: {error}", file=sys.stderr)
         return 2
     if result is not None:

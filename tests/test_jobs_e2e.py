@@ -21,6 +21,7 @@ from cropi.models.loading import load_causal_lm
 from cropi.scoring import rank_pool
 from cropi.store import GradientStore, TrajectoryStore
 from support.cli import run_cli
+from support.disk import fill_after
 from support.store import snapshot
 
 SPLITS = ("pool", "val_a", "val_b")
@@ -183,15 +184,12 @@ def test_gradients_killed_then_resumed_equals_uninterrupted(scored, task_model, 
 
 def test_gradients_on_a_full_device_stop_with_what_to_do_keep_their_shards_and_resume(scored, task_model, tmp_path,
                                                                                       monkeypatch, capsys):
-    from test_storage_full import fill_after
-
     store = tmp_path / "store"
     args = ["gradients", "--model", task_model, "--trajectories", str(scored / "traj" / "pool"), "--store", str(store),
             "--split", "pool", "--name", "warm", "--rows-per-shard", "1", *PROJ]
     failed = fill_after(monkeypatch, 12)  # some shards commit, then the device is full
     assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    err = err[err.index("cropi gradients: error:"):]  # after the progress bar it stopped
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # a line of its own, after the bar it stopped
     assert err.startswith("cropi gradients: error: no space left on the device to write ") and failed, err
     assert failed[0].split(".tmp-")[0] in err and "rerun the same command" in err
     (spec,) = [s["spec_id"] for s in GradientStore(str(store)).list_splits() if s["split"] == "pool"]

@@ -1,7 +1,5 @@
 """A full device (or quota) stops a write with an error that says so and what to do, keeps what was
-stored, and the job resumes once there is room. The device is made to fill by the write itself: the
-kernel's own behaviour (a short write, then ENOSPC) is what ``_write_local_synced`` is swapped for, since
-a real full filesystem (a small tmpfs) needs privileges CI machines do not give."""
+stored, and the job resumes once there is room (the device fills by ``support.disk.fill_after``)."""
 
 from __future__ import annotations
 
@@ -13,27 +11,7 @@ import pytest
 from cropi.errors import CropiError, StorageFullError, storage_full
 from cropi.utils import fsio
 from cropi_service.jobs.worker import error_payload
-
-REAL_WRITE = fsio._write_local_synced
-
-
-def fill_after(monkeypatch, writes: int, code: int = errno.ENOSPC) -> list[str]:
-    """Let ``writes`` atomic writes through, then fail every later one as a full device does: part of
-    the bytes land in the temporary file, then ENOSPC. Returns the paths it failed."""
-    passed: list[str] = []
-    failed: list[str] = []
-
-    def write(path: str, data: bytes) -> None:
-        if len(passed) < writes:
-            passed.append(path)
-            return REAL_WRITE(path, data)
-        with open(path, "wb") as f:
-            f.write(data[: len(data) // 2])
-        failed.append(path)
-        raise OSError(code, os.strerror(code), path)
-
-    monkeypatch.setattr(fsio, "_write_local_synced", write)
-    return failed
+from support.disk import fill_after
 
 
 def test_a_full_device_stops_a_write_with_what_to_do_and_keeps_the_old_file(tmp_path, monkeypatch):
