@@ -22,10 +22,10 @@ Scoring runs no forward pass on a group whose rewards are all equal (its gradien
 theta), so its ESS, ESS/K and log mean weight are not stored (null). Given the trajectory store the
 gradients were computed from (``trajectories``; the score step passes it), the refresh computes
 what its criterion needs for those prompts at the checkpoint (``weight_diagnostics``: a no-grad
-forward over them only, in the dtype and attention the gradients ran in), so both criteria see them as before. Without it their value is unknown
-and neither criterion chooses them (under ``status`` they are the groups the policy may have
-learned or unlearned: pass the store); the plan and the printed summary count them
-(``all_equal_unknown``).
+forward over them only, in the dtype and attention the gradients ran in), so both criteria see them
+as before. Without it their value is unknown and neither criterion chooses them (under ``status``
+they are the groups the policy may have learned or unlearned: pass the store); the plan and the
+printed summary count them (``all_equal_unknown``).
 
 ``groups: all_equal`` re-collects only prompts whose reused group's rewards were all equal: the blind
 spot, whose gradient is zero at every checkpoint. A mixed group's gradient already follows the
