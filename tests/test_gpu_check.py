@@ -26,7 +26,9 @@ def test_the_gpu_check_dry_run_writes_its_json_with_the_cuda_figures_absent(tmp_
         assert r[key] is None, key  # no CUDA figure from a CPU run
     assert r["goal"]["met"] is None and r["dtype"] == "bfloat16" and r["attention"] == "sdpa"
     assert set(r["skipped"]) == {"vllm", "verl"} and all("not run" in why for why in r["skipped"].values())
-    assert set(r["stages"]) == {"probe", "memory_16k", "qwen2.5-1.5b", "qwen2.5-7b", "profile_default"}
+    assert set(r["stages"]) == {"probe", "memory_16k", "qwen2.5-1.5b", "qwen2.5-7b", "weigh_1.5b", "profile_default"}
+    weigh = r["stages"]["weigh_1.5b"]
+    assert weigh["seconds_per_group"] is None and weigh["largest_relative_log_mean_weight_gap"] < 0.1
     for name, stage in r["stages"].items():
         assert "error" not in stage and "skipped" not in stage, (name, stage)
     small = r["stages"]["qwen2.5-1.5b"]

@@ -21,6 +21,9 @@ as it ends (a stage that fails or runs out of time is recorded as such, the othe
   goal: ``default_over_plain`` and ``k32768_over_plain`` <= 0.8;
 - ``qwen2.5-7b``: plain, default and k=32768 in bfloat16, as far as the card's memory allows (a side
   that runs out of memory is recorded as such; the batched computer halves its micro-batches itself);
+- ``weigh_1.5b``: the refresh's weighing of the groups scoring did not run (``weight_diagnostics``, a no-grad
+  forward) at the 1.5B shape, seconds a group in bfloat16 with ``--attention`` (the gradients' own dtype and
+  attention, which the refresh loads since 7d6afba) against float32 with eager attention (what it loaded before);
 - ``profile_default``: a torch profile of the default path at the 1.5B shape (two prompts): the kernels
   with the most device time, the host's synchronisation calls, and the kernels' summed time over the
   unprofiled wall-clock (whether the host's launches bound the pass).
@@ -51,6 +54,7 @@ from common import environment, plain_fwd_bwd, write_json  # noqa: E402
 
 from cropi.errors import InvalidInputError  # noqa: E402
 from cropi.gradients import GradientComputer, LossOptions, make_computer  # noqa: E402
+from cropi.gradients.batched import weight_diagnostics  # noqa: E402
 from cropi.gradients.options import ModelOptions  # noqa: E402
 from cropi.projection import ProjectionSpec, make_projector  # noqa: E402
 from cropi.projection import tensorsketch  # noqa: E402
@@ -454,6 +458,29 @@ class Check:
                 "host_syncs": {k: calls.get(k, 0) for k in ("aten::item", "aten::_local_scalar_dense",
                                                             "cudaStreamSynchronize", "cudaDeviceSynchronize")}}
 
+    def weigh(self, shape: dict) -> dict:
+        """Seconds a group of ``weight_diagnostics`` in the gradients' dtype and attention against float32 and
+        eager, over the same prompts, each after one untimed prompt; the log mean weights' largest relative gap."""
+        prompts = self.prompts(self.args.chunk * 4, shape["vocab_size"], seed=3)
+        seconds, logs = {}, {}
+        for name, dtype, attention in (("bfloat16", self.dtype, self.attention), ("float32_eager", torch.float32,
+                                                                                   "eager")):
+            model = build_model(shape, self.device, dtype, attention)
+            weight_diagnostics(model, prompts[:1])
+            sync(self.device)
+            began = time.perf_counter()
+            got = weight_diagnostics(model, prompts)
+            sync(self.device)
+            seconds[name] = (time.perf_counter() - began) / len(prompts)
+            logs[name] = np.array([got[t.prompt_id]["log_mean_weight"] for t in prompts], dtype=np.float64)
+            del model
+            free(self.device)
+        gap = np.abs(logs["bfloat16"] - logs["float32_eager"]) / np.maximum(np.abs(logs["float32_eager"]), 1.0)
+        return {"measured": not self.dry, "prompts": len(prompts), "attention": self.attention,
+                "seconds_per_group": None if self.dry else seconds,
+                "float32_eager_over_bfloat16": None if self.dry else seconds["float32_eager"] / seconds["bfloat16"],
+                "largest_relative_log_mean_weight_gap": float(np.nanmax(gap))}
+
     def run(self) -> dict:
         small, large = (TINY_15B, TINY_7B) if self.dry else (QWEN25_15B, QWEN25_7B)
         self.stage("probe", 0, self.probe)
@@ -461,6 +488,7 @@ class Check:
         self.stage("qwen2.5-1.5b", 60, lambda: self.small(small))
         if not self.args.no_7b:
             self.stage("qwen2.5-7b", 90, lambda: self.large(large))
+        self.stage("weigh_1.5b", 40, lambda: self.weigh(small))
         self.stage("profile_default", 40, lambda: self.profile(small))
         r = self.report
         over = [r["default_over_plain"], r["k32768_over_plain"]]
