@@ -1,9 +1,9 @@
 """A checkpoint scored again: an old revision against the working tree, side by side, and what the work it
 skips costs at the Qwen2.5-1.5B shape.
 
-Users POST a checkpoint they already scored with another selector or fraction, and a killed curriculum
-resumes a stage whose scoring finished: every gradient, trajectory and refresh is stored, so the answer is a
-ranking. The real situation: a `make demo` run's folder (``--work``), its checked curriculum's stage
+Users score a checkpoint again with another selector or fraction (`cropi score`), and a killed curriculum or
+scoring job resumes past scoring that finished: every gradient, trajectory and refresh is stored, so the answer
+is a ranking. The real situation: a `make demo` run's folder (``--work``), its checked curriculum's stage
 ``--stage`` checkpoint (trained, scored in that run with the stage's refresh), scored again as the curriculum
 scores it, with the other arm's selector. Each side runs in its own process (``sides.py``), rounds alternating,
 against its own copy of the run's store; the selection must be the same prompts on both sides. Counted in

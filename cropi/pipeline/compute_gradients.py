@@ -83,8 +83,8 @@ def _already_done(job: GradientJob, trajectories: TrajectoryStore, mine: list[st
                   device: str) -> dict | None:
     """The job's result when its split already holds every prompt of ``mine``, computed as this job would
     compute them (the same checkpoint fingerprint, spec, loss, trajectories, model options and dtype);
-    None otherwise, and the job runs as usual (which names any mismatch). So a checkpoint scored again (a
-    service request repeated with another selector or fraction, a resumed curriculum) loads no model and no
+    None otherwise, and the job runs as usual (which names any mismatch). So a checkpoint scored again (`cropi
+    score` with another selector or fraction, a resumed curriculum or scoring job) loads no model and no
     tokenizer: at 1.5B that is seconds a split. The projector's counts are left out of the comparison: the
     spec and the model's shapes decide them, and the fingerprint pins the model."""
     try:
