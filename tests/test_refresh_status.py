@@ -178,6 +178,20 @@ def perturbed_copy(model, out, scale=0.3, seed=3):
     return out
 
 
+def reused_and_moved(tmp_path):
+    """The shipped model, 8 pool prompts' trajectories sampled from it (``tmp_path/pool.jsonl``,
+    ``tmp_path/trajectories``), and a checkpoint near it (``perturbed_copy``): (behavior, trajectories, checkpoint)."""
+    from cropi.pipeline.collect import CollectJob, collect
+
+    behavior = shipped_model()
+    write_jsonl(task_splits()["pool"][:8], str(tmp_path / "pool.jsonl"))
+    traj_dir = str(tmp_path / "trajectories")
+    collect(CollectJob(model=str(behavior), prompts=str(tmp_path / "pool.jsonl"), out=traj_dir, backend="hf",
+                       reward="exact_numeric", sampling=SamplingConfig(samples=4, max_new_tokens=6, temperature=1.0),
+                       batch_prompts=8))
+    return behavior, traj_dir, perturbed_copy(behavior, tmp_path / "ckpt")
+
+
 def brute_force_weights(model_path, trajs) -> dict[str, tuple[float, float]]:
     """Prompt id -> (ESS/K, log mean weight) from log w_k = sum_t (log pi - log beta), log pi one unpadded
     sequence at a time (support.ess.teacher_forced), in plain floats."""
@@ -201,19 +215,11 @@ def test_the_all_equal_groups_scoring_did_not_run_are_weighed_for_the_criterion(
     are stored null. Given the trajectory store the gradients came from, the refresh computes them at the
     checkpoint (the values a brute force gives) and both criteria choose as before; without it neither
     criterion chooses them, and the plan and summary count them."""
-    from cropi.pipeline.collect import CollectJob, collect
     from cropi.pipeline.compute_gradients import GradientJob, compute_gradients
     from cropi.pipeline.refresh import select_for_refresh
     from cropi.projection import ProjectionSpec
 
-    behavior = shipped_model()
-    records = task_splits()["pool"][:8]
-    write_jsonl(records, str(tmp_path / "pool.jsonl"))
-    traj_dir = str(tmp_path / "trajectories")
-    collect(CollectJob(model=str(behavior), prompts=str(tmp_path / "pool.jsonl"), out=traj_dir, backend="hf",
-                       reward="exact_numeric", sampling=SamplingConfig(samples=4, max_new_tokens=6, temperature=1.0),
-                       batch_prompts=8))
-    ckpt = perturbed_copy(behavior, tmp_path / "ckpt")
+    behavior, traj_dir, ckpt = reused_and_moved(tmp_path)
     spec = ProjectionSpec(kind="sjlt", dim=4)
     compute_gradients(GradientJob(model=str(ckpt), trajectories=traj_dir, store=str(tmp_path / "grads"), split="pool",
                                   name="ck", projection=spec, gradient_dtype="float32", device="cpu"))
@@ -267,17 +273,10 @@ def test_the_all_equal_groups_are_weighed_in_the_dtype_and_attention_their_gradi
     not the precision of the other groups' weights. Without a record (float32, eager) it loads as before."""
     import cropi.models.loading as loading
     from cropi.gradients.options import ModelOptions
-    from cropi.pipeline.collect import CollectJob, collect
     from cropi.pipeline.compute_gradients import GradientJob, compute_gradients
     from cropi.projection import ProjectionSpec
 
-    behavior = shipped_model()
-    write_jsonl(task_splits()["pool"][:8], str(tmp_path / "pool.jsonl"))
-    traj_dir = str(tmp_path / "trajectories")
-    collect(CollectJob(model=str(behavior), prompts=str(tmp_path / "pool.jsonl"), out=traj_dir, backend="hf",
-                       reward="exact_numeric", sampling=SamplingConfig(samples=4, max_new_tokens=6, temperature=1.0),
-                       batch_prompts=8))
-    ckpt = perturbed_copy(behavior, tmp_path / "ckpt")
+    _, traj_dir, ckpt = reused_and_moved(tmp_path)
     spec = ProjectionSpec(kind="sjlt", dim=4)
     loads = []
     real = loading.load_causal_lm
