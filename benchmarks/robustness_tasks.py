@@ -69,3 +69,13 @@ SKEWED_RARE = remix("skewed_rare", ("nth", "min"),
 HEAVY_MIRROR = remix("heavy_mirror", ("after",),
                      {"after": 0.05, "before": 0.7, **{s: 0.0625 for s in ("max", "min", "above", "nth")}},
                      "after, a twentieth of a pool 70% of which is before, its mirror rule")
+# Three fresh held-out readings of revision 19 (docs/demo.md, "Fresh held-out readings of revision 19"; committed
+# with their design, before any run on them): regimes none of the tasks above has.
+HALF_MAX = remix("half_max", ("max",), {"max": 0.5, **{s: 0.1 for s in ("min", "nth", "after", "before", "above")}},
+                 "max, half the pool")
+BOTH_MIRRORS = remix("both_mirrors", ("before", "after"), UNIFORM,
+                     "before and after, each the other's mirror rule, a uniform pool")
+_rare_min_big = remix("rare_min_big", ("min",), {"min": 0.05, **{s: 0.19 for s in ("max", "nth", "after", "before",
+                                                                                   "above")}},
+                      "min, a twentieth of a pool of 2400 of the five other skills")
+RARE_MIN_BIG = dataclasses.replace(_rare_min_big, sizes={**_rare_min_big.sizes, "pool": 2400})
