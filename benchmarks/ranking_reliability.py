@@ -6,8 +6,8 @@ those prompts at random into two halves, score the pool's ``ok`` prompts by cosi
 orders agree as much as the set's prompts agree about what helps: Spearman's rho between them, and the share of
 one half's top ``fraction`` that is also the other's (a random pair shares ``fraction`` of the ``ok`` prompts:
 ``random_top_overlap``). ``spearman_brown`` (2 rho / (1 + rho)) is the whole set's reliability from the halves'.
-Read from the stores of a demo run (``--work TASK=DIR``: a `cropi demo` folder whose curriculum ``--curriculum``
-scored theta_0 at stage 0), beside each task's AUC of ``checked`` less ``informative`` and less the better of
+Read from the stores of a demo run (``--work TASK=DIR``: a `cropi demo` folder; theta_0's gradients, and the
+validation sets a curriculum of it, ``--curriculum``, names), beside each task's AUC of ``checked`` less ``informative`` and less the better of
 ``cropi`` and ``diverse`` from a held-out regret file (``--regret``; ``benchmarks/heldout_regret.py``).
 
     python benchmarks/ranking_reliability.py --work lists=DIR/lists ... --regret REGRET.json --out DIR
@@ -28,13 +28,16 @@ from common import write_json  # noqa: E402
 
 
 def split_halves(pool: np.ndarray, targets: np.ndarray, *, splits: int, fraction: float, rng) -> dict:
-    """``pool``: the pool's ok rows; ``targets``: a validation set's ok rows. Mean over ``splits`` random halves."""
-    unit = pool / np.where((n := np.linalg.norm(pool, axis=1, keepdims=True)) > 0, n, 1)
+    """``pool``: the pool's ok rows; ``targets``: a validation set's ok rows. Mean over ``splits`` random halves,
+    each scored as the ranking scores the pool (``cosine_scores`` to the half's mean gradient)."""
+    from cropi.scoring.influence import cosine_scores
+
+    ok = ["ok"] * len(pool)
     k = max(1, round(fraction * len(pool)))
     rhos, shared = [], []
     for _ in range(splits):
         order = rng.permutation(len(targets))
-        a, b = unit @ targets[order[: len(order) // 2]].mean(0), unit @ targets[order[len(order) // 2:]].mean(0)
+        a, b = (cosine_scores(pool, ok, targets[half].mean(0)) for half in np.array_split(order, [len(order) // 2]))
         rhos.append(spearmanr(a, b)[0])
         shared.append(len(set(np.argsort(-a)[:k]) & set(np.argsort(-b)[:k])) / k)
     rho = float(np.mean(rhos))
@@ -45,10 +48,14 @@ def split_halves(pool: np.ndarray, targets: np.ndarray, *, splits: int, fraction
 def task_reliability(work: Path, curriculum: str, splits: int, fraction: float, seed: int) -> dict:
     from cropi.store import GradientStore
 
+    from cropi.utils.fingerprint import model_fingerprint
+
+    # theta_0's gradients: the store's one checkpoint named by theta_0's fingerprint (every ranking method scores it
+    # at stage 0); the curriculum's config (any method's) names the validation sets
     state = json.loads((work / "runs" / "curricula" / curriculum / "state.json").read_text())
-    scored = state["stages"][0]["scored"]
-    name, spec = scored["checkpoint"], scored["spec_id"]
     store = GradientStore(str(work / "runs" / "store"))
+    theta0 = model_fingerprint(work / "models" / "theta0")
+    (name, spec), = {(s["checkpoint"], s["spec_id"]) for s in store.list_splits() if s["checkpoint"].startswith(theta0)}
     pool = store.open_split(name, spec, "pool").read()
     rows = np.asarray(pool.vectors, dtype=np.float64)[[s == "ok" for s in pool.columns["status"]]]
     config = state["config"]
@@ -67,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", action="append", required=True, help="task=a `cropi demo` folder")
     ap.add_argument("--regret", type=Path, required=True, help="a heldout_regret.json with these tasks")
-    ap.add_argument("--curriculum", default="checked_seq-seed0")
+    ap.add_argument("--curriculum", default="full-seed0")
     ap.add_argument("--splits", type=int, default=50)
     ap.add_argument("--fraction", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)

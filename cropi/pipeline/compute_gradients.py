@@ -117,10 +117,11 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
                                 f"{job.projection.kind!r}: leave it off, or project with the default spec")
     trajectories = TrajectoryStore.open(job.trajectories)
     mine = sorted(p for p in trajectories.committed_prompt_ids() if in_shard(p, shard))
+    stage = f"gradients:{job.split}"
     fingerprint = model_fingerprint(job.model)
     done = _already_done(job, trajectories, mine, fingerprint, device)
     if done is not None:
-        progress(f"gradients:{job.split}", len(mine), len(mine))
+        progress(stage, len(mine), len(mine))
         return done
     check_tokenizer_matches(trajectories.identity, load_tokenizer(job.model), job.model)
     dtype, attention = job.model_options.resolve(device)
@@ -130,7 +131,6 @@ def compute_gradients(job: GradientJob, progress: Progress | None = None) -> dic
     computer = make_computer(model, projector, job.loss)  # the factored kind batches many prompts a backward
     computer.checkpoint_layers = job.model_options.checkpoint_layers
     counts: dict[str, int] = {}
-    stage = f"gradients:{job.split}"
     # what is done is read once the writer is ours: another process writing this shard may have just finished it
     with split.writer(writer_id(shard), rows_per_shard=job.rows_per_shard) as writer:
         done = split.committed_prompt_ids()
