@@ -127,7 +127,9 @@ class RouteCosts:
 # scatter.json (a 8960 x 1536 gradient over 5,120 tokens formed in 0.22 ms; its pairs added, spread, in 0.19 ms);
 # ``spectrum`` and ``side`` from check_before_spread.json's routes forced, Qwen2.5-1.5B shape: the FFT route at
 # k=32768 less the same at k=4096 over the dim-wide elements, then the rest of the FFT route at 4096 over the
-# side elements.
+# side elements. The presketch route, timed forced on an H200 (check.json, 2026-11-30), is 1.49x plain against
+# direct's 1.38x at k=4096; the `side` its timings imply (8.2e-12) would choose it for the embedding alone, a
+# gain below that run's noise, so `side` stays as measured first.
 CUDA_COSTS = RouteCosts(flop=1.6e-15, pair=1.4e-11, spectrum=1.1e-11, side=1.2e-11)
 
 _MM_OUT_DTYPE: dict[str, bool] = {}  # whether torch.mm / torch.bmm take out_dtype on this build (CUDA)
