@@ -9,7 +9,7 @@ import dataclasses
 import re
 
 from cropi.rewards import register_reward
-from cropi.tasks import lists
+from cropi.tasks import lists, skills
 from cropi.tasks.remix import remix
 
 UNIFORM = {s: 1 / len(lists.SKILLS) for s in lists.SKILLS}
@@ -79,3 +79,12 @@ _rare_min_big = remix("rare_min_big", ("min",), {"min": 0.05, **{s: 0.19 for s i
                                                                                    "above")}},
                       "min, a twentieth of a pool of 2400 of the five other skills")
 RARE_MIN_BIG = dataclasses.replace(_rare_min_big, sizes={**_rare_min_big.sizes, "pool": 2400})
+# Held-out readings in the other task family (docs/demo.md, "Held-out readings on `skills` remixes"; committed with
+# their design, before any run on them): every task above remixes `lists`; these remix `skills` (one-digit answers,
+# its own shipped model), which no revision of the check was chosen on beyond `skills` itself.
+_OTHERS = ("count", "maxd", "pos", "lastmul", "mind")
+SKILLS_RARE_MOD = remix("skills_rare_mod", ("mod",), {"mod": 0.05, **{s: 0.19 for s in _OTHERS}},
+                        "mod, a twentieth of a pool of the five other skills", base=skills)
+SKILLS_AMID_MAXD = remix("skills_amid_maxd", ("maxd",),
+                         {"maxd": 0.05, "mind": 0.5, **{s: 0.1125 for s in ("count", "pos", "mod", "lastmul")}},
+                         "maxd, a twentieth of a pool half of which is mind, its mirror rule", base=skills)

@@ -87,3 +87,29 @@ def test_same_seed_same_records_and_bad_sizes_refused():
         from cropi.tasks.remix import remix
 
         remix("bad", ("max",), {"max": 0.5}, "weights that do not sum to 1")
+
+
+def test_a_remix_of_skills_draws_skills_problems_and_starts_from_skills_model():
+    """``base=skills``: the problems, levels, warm-start set, answers and shipped model are skills', none of its
+    splits' problems repeats, and the pool holds the mixture asked for (a base left as lists would fail each)."""
+    from cropi.demo.assets import asset_dir
+    from cropi.tasks import skills
+    from cropi.tasks.remix import remix
+
+    t = remix("skills_rare", ("mod",), {"mod": 0.1, "count": 0.9}, "a skills remix", base=skills)
+    mine, theirs = t.make_splits(0, {POOL: 200, "val_mod": 20, "test_mod": 30, WARMSTART: 50}), skills.TASK.splits()
+    assert t.model_of == "skills" and asset_dir(t) == asset_dir(skills.TASK)
+    assert t.warm_start == skills.TASK.warm_start and t.max_new_tokens == skills.TASK.max_new_tokens
+    assert [r.prompt_id for r in mine[WARMSTART]] == [r.prompt_id for r in theirs[WARMSTART][:50]]
+    assert dict(Counter(r.extra_info["skill"] for r in mine[POOL])) == {"mod": 20, "count": 180}
+    assert {r.extra_info["skill"] for r in mine["val_mod"] + mine["test_mod"]} == {"mod"}
+    assert all(r.extra_info["level"] in skills.LEVELS for r in mine[POOL])
+    assert all(t.response_text(r) == r.answer for r in mine[POOL])
+    skills_texts = set().union(*(_texts(v) for k, v in theirs.items()))
+    own = [n for n in mine if n != WARMSTART]
+    assert not set().union(*(_texts(mine[n]) for n in own)) & skills_texts
+    assert sum(len(_texts(mine[n])) for n in own) == sum(len(mine[n]) for n in own)
+    with pytest.raises(ValueError, match="the skills task's"):
+        remix("bad", ("max",), {"max": 1.0}, "a lists skill asked of skills", base=skills)
+    with pytest.raises(Exception, match="the skills task's own: at most 3000"):
+        t.make_splits(0, {WARMSTART: 3001})

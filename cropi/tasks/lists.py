@@ -36,7 +36,7 @@ LEVELS = (1, 2, 3)
 SOURCE_PREFIX = "lists/"
 # Chosen from the warm start and full-pool training (docs/demo.md, benchmarks/results/demo/task_probe.json).
 TARGETS = {"max": ("val_max", "test_max"), "nth": ("val_nth", "test_nth")}
-_TRIES = 2000  # draws per problem before a cell counts as exhausted
+TRIES = 2000  # draws per problem before a cell counts as exhausted
 _ORDINALS = ("First", "Second", "Third", "Fourth", "Fifth")
 
 
@@ -121,10 +121,10 @@ def make_splits(seed: int, sizes: Mapping[str, int]) -> dict[str, list[PromptRec
 
 
 def _draw(split: str, n: int, seed: int, seen: set[str]) -> list[PromptRecord]:
-    return draw_split(random.Random(f"cropi.lists:{seed}:{split}"), mixture(split), LEVELS, n, seen, _fresh, _TRIES)
+    return draw_split(random.Random(f"cropi.lists:{seed}:{split}"), mixture(split), LEVELS, n, seen, problem, TRIES)
 
 
-def _fresh(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecord]:
+def problem(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecord]:
     question, answer = GENERATORS[skill](rng, level)
     return question, make_record(skill, level, question, answer)
 

@@ -38,7 +38,7 @@ SKILLS = ("count", "maxd", "mind", "pos", "mod", "lastmul")
 LEVELS = (1, 2, 3)
 TARGETS = {"count": ("val_count", "test_count"), "maxd": ("val_maxd", "test_maxd")}
 SOURCE_PREFIX = "skills/"  # data_source of a record: skills/<skill>
-_TRIES = 2000  # draws per problem before a cell counts as exhausted
+TRIES = 2000  # draws per problem before a cell counts as exhausted
 _ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
 
 
@@ -138,10 +138,10 @@ def make_splits(seed: int, sizes: dict[str, int]) -> dict[str, list[PromptRecord
 
 def _draw(split: str, n: int, seed: int, seen: set[str]) -> list[PromptRecord]:
     rng = random.Random(f"cropi.skills:{seed}:{split}")
-    return draw_split(rng, mixture(split), LEVELS, n, seen, _problem, _TRIES)
+    return draw_split(rng, mixture(split), LEVELS, n, seen, problem, TRIES)
 
 
-def _problem(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecord]:
+def problem(rng: random.Random, skill: str, level: int) -> tuple[str, PromptRecord]:
     question, answer = GENERATORS[skill](rng, level)
     return question, make_record(skill, level, question, answer)
 
