@@ -4,9 +4,9 @@ The built-in task is the *base*: `lists` (the default) or `skills`, any module w
 ``SIZES``, ``TASK``, ``TRIES`` and ``problem(rng, skill, level)``. A remix draws every split of its base first
 (at its full sizes) and repeats none of their problems; its warm-start set *is* the base's own, so the base's
 shipped model is its initial model (``Task.model_of``) and none of its test or validation problems was in that
-model's supervised set. Its splits are the targets'
-``val_<skill>`` / ``test_<skill>`` (one skill each) and a pool of the given skill mixture, drawn tests
-first, then validation, then the pool, each from its own seeded stream.
+model's supervised set. Its splits are the targets' ``val_<skill>`` / ``test_<skill>`` (one skill each) and a
+pool of the given skill mixture, drawn tests first, then validation, then the pool, each from its own seeded
+stream.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def remix(name: str, targets: tuple[str, ...], pool: Mapping[str, float], descri
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise InvalidInputError(f"{split} size must be a positive integer, got {n!r}")
         if asked.get(WARMSTART, 0) > base.SIZES[WARMSTART]:
-            raise InvalidInputError(f"the warm-start set is the {own} task's own: at most {base.SIZES[WARMSTART]} problems")
+            raise InvalidInputError(f"the warm-start set is the {own} task's own: at most {base.SIZES[WARMSTART]} "
+                                    "problems")
         drawn_base = base.make_splits(seed, base.SIZES)
         seen = {r.prompt[-1]["content"] for split in drawn_base.values() for r in split}
         order = [*(t for _, t in target_splits.values()), *(v for v, _ in target_splits.values()), POOL]
