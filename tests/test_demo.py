@@ -185,6 +185,30 @@ def test_filter_stats_per_step_mean_over_seeds_and_cost_against_the_rest_of_the_
     assert stats["ippo"]["early_stops"] == 1
 
 
+def test_the_reports_headline_is_the_default_and_says_when_full_pool_training_lost_accuracy():
+    """report.md leads with the default method (not CROPI's rule): its AUC beside full's and the best other
+    method's, and its steps; where full-pool training lost accuracy, that a share of its gain is no target."""
+    from cropi.demo.report import _default_text
+
+    def agg(mean, **more):
+        return {"mean": mean, "std": 0.0, "per_seed": {}, **more}
+
+    report = {"default_selector": "checked", "full_gain": {"mean": 0.05},
+              "auc_by_method": {"checked": agg(0.646), "cropi": agg(0.484), "diverse": agg(0.537), "full": agg(0.531)},
+              "acceleration_by_method": {"checked": agg(4.0, n=2, censored=["1"]), "cropi": agg(5.33, n=2)}}
+    text = _default_text(report)
+    assert text.startswith("**The default (`checked`)**: AUC **0.646**; full-pool training 0.531; the best other "
+                           "method, `diverse`, 0.537. Steps to 90% of full-pool training's gain: 4.00x (mean over 2 "
+                           "seed(s); censored on 1).")
+    assert "no target" not in text
+    report["full_gain"]["mean"] = -0.119
+    assert "Full-pool training lost 11.9 points on average here" in _default_text(report)
+    report["auc_by_method"]["full"] = agg(0.7)  # the best other method is full itself: named once
+    assert _default_text(report).count("full-pool training 0.700") == 1 and "best other" not in _default_text(report)
+    del report["auc_by_method"]["checked"]
+    assert "was not among the methods run" in _default_text(report)
+
+
 def test_evaluate_policy_greedy_mean_and_pass_at_k_by_group():
     records = make_splits(5, {"pool": 36})["pool"]
     right = {r.prompt_id for i, r in enumerate(records) if i % 3 == 0}

@@ -429,6 +429,7 @@ def markdown(report: dict) -> str:
              f"{s['eval_samples']} (temperature 1), read every {s['eval_every']} steps.", "",
              f"**Full-pool gain**: {_pts(gain['mean'])} points over step 0 (std {_pts(gain['std'])}; per seed "
              + ", ".join(f"{k}: {_pts(v)}" for k, v in sorted(gain["per_seed"].items())) + ").", "",
+             _default_text(report), "",
              "## Acceleration over full-pool training", "", _acceleration_text(acc), "",
              _versus_informative(report), "", *_acceleration_table(report), ""]
     lines += ["\\* censored on that many seeds: never reached the target within the run (the value is an upper "
@@ -572,6 +573,31 @@ def _agg(a: dict) -> str:
     return f"{_num(a['mean'], 2)} ± {_num(a['std'], 2)}{censored}"
 
 
+def _default_text(report: dict) -> str:
+    """The product's default method first: its AUC beside full-pool training's and the best other method's, its
+    steps to 90% of full's gain, and, where full-pool training lost accuracy, why those steps measure little."""
+    name, auc = report["default_selector"], report["auc_by_method"]
+    if name not in auc or auc[name]["mean"] is None:
+        return f"(The default, `{name}`, was not among the methods run.)"
+    others = {m: v["mean"] for m, v in auc.items() if m != name and v["mean"] is not None}
+    text = f"**The default (`{name}`)**: AUC **{auc[name]['mean']:.3f}**"
+    if "full" in others:
+        text += f"; full-pool training {others['full']:.3f}"
+    best = max(others, key=others.get) if others else None
+    if best and best != "full":
+        text += f"; the best other method, `{best}`, {others[best]:.3f}"
+    acc = report["acceleration_by_method"].get(name)
+    if acc and acc["mean"] is not None:
+        text += (f". Steps to 90% of full-pool training's gain: {acc['mean']:.2f}x (mean over {acc['n']} seed(s)"
+                 + (f"; censored on {len(acc['censored'])}" if acc.get("censored") else "") + ")")
+    text += "."
+    gain = report["full_gain"]["mean"]
+    if gain is not None and gain <= 0:
+        text += (f" Full-pool training lost {_pts(-gain)} points on average here, so a share of its gain is no "
+                 "target: the step figures below measure little, and the AUC is the comparison.")
+    return text
+
+
 def _acceleration_text(acc: dict | None) -> str:
     if acc is None:
         return "CROPI was not among the methods run."
@@ -583,7 +609,7 @@ def _acceleration_text(acc: dict | None) -> str:
             + (f"; censored on {len(acc['censored'])}" if acc.get("censored") else "") + "). CROPI's paper reports "
             "2.66x (to full's final accuracy) on Qwen2.5-1.5B.")
     if acc["undefined"]:
-        text += " Undefined on " + "; ".join(f"seed {s}: {r}" for s, r in acc["undefined"].items())
+        text += " Undefined on " + "; ".join(f"seed {s}: {r}" for s, r in acc["undefined"].items()) + "."
     return text
 
 
