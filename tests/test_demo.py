@@ -203,6 +203,8 @@ def test_the_reports_headline_is_the_default_and_says_when_full_pool_training_lo
     assert "no target" not in text
     report["full_gain"]["mean"] = -0.119
     assert "Full-pool training lost 11.9 points on average here" in _default_text(report)
+    report["auc_by_method"]["oracle"] = agg(0.9)  # the targets' own prompts: never the bar
+    assert "`oracle`" not in _default_text(report)
     report["auc_by_method"]["full"] = agg(0.7)  # the best other method is full itself: named once
     assert _default_text(report).count("full-pool training 0.700") == 1 and "best other" not in _default_text(report)
     del report["auc_by_method"]["checked"]

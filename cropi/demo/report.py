@@ -579,7 +579,8 @@ def _default_text(report: dict) -> str:
     name, auc = report["default_selector"], report["auc_by_method"]
     if name not in auc or auc[name]["mean"] is None:
         return f"(The default, `{name}`, was not among the methods run.)"
-    others = {m: v["mean"] for m, v in auc.items() if m != name and v["mean"] is not None}
+    # the oracle trains on the targets' own prompts, which no selector can see: no bar for the default
+    others = {m: v["mean"] for m, v in auc.items() if m not in (name, "oracle") and v["mean"] is not None}
     text = f"**The default (`{name}`)**: AUC **{auc[name]['mean']:.3f}**"
     if "full" in others:
         text += f"; full-pool training {others['full']:.3f}"
