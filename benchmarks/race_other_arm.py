@@ -7,19 +7,18 @@ AUC of the fixed rule of the *other* arm on the same seed less the run's own. A 
 unresolved race and a flat stage 0 can gain only where that difference is positive, so its mean in that group
 bounds what such a re-race could be worth, before its tax.
 
-    python benchmarks/race_other_arm.py --report DIR/report.json ... --out DIR
+    python benchmarks/race_other_arm.py --report TASK=DIR/report.json ... --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_json  # noqa: E402
+from common import emit, report_items  # noqa: E402
 
 GROUPS = {"resolved": lambda r: r["resolved"],
           "unresolved, stage 0 flat": lambda r: not r["resolved"] and r["stage0_flat"],
@@ -56,18 +55,16 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--report", action="append", required=True, help="a demo report.json (repeat)")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--report", action="append", required=True, help="TASK=a demo report.json (repeat)")
+    p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
-    rows = [row for path in a.report for row in runs(json.loads(Path(path).read_text()), Path(path).parent.name)]
+    rows = [row for task, report in report_items(a.report) for row in runs(report, task)]
     payload = {"command": "python benchmarks/race_other_arm.py " + " ".join(f"--report {r}" for r in a.report)
-               + f" --out {a.out}", "definition": __doc__.split("\n\n")[1].replace("\n", " "),
+               + (f" --out {a.out}" if a.out else ""), "definition": __doc__.split("\n\n")[1].replace("\n", " "),
                "summary": summary(rows), "runs": rows}
-    write_json(a.out, "race_other_arm.json", payload)
-    print(json.dumps(payload["summary"], indent=2))
-
+    return emit(a.out, "race_other_arm.json", payload, "summary")
 
 if __name__ == "__main__":
     main()
