@@ -239,6 +239,8 @@ def _demo_args(p):
                                   "module:attribute naming a cropi.tasks.Task (docs/demo.md)")
     p.add_argument("--methods", help=f"comma-separated methods (default: {','.join(METHODS)}; "
                                      f"also {', '.join(m for m in known_methods() if m not in METHODS)})")
+    p.add_argument("--lr", type=float, help=f"every trainer's learning rate (default: "
+                                            f"{DemoSettings.model_fields['lr'].default})")
     p.add_argument("--warm-start", action="store_true", help="warm-start the model now from the task's recipe "
                                                              "instead of using the shipped one")
 
@@ -247,7 +249,7 @@ def _demo_args(p):
 def _demo(a):
     from cropi.demo import DemoSettings, run_demo
 
-    given = {"seeds": a.seeds, "workers": a.workers, "task": a.task, "pool_size": a.pool_size,
+    given = {"seeds": a.seeds, "workers": a.workers, "task": a.task, "pool_size": a.pool_size, "lr": a.lr,
              "methods": tuple(a.methods.split(",")) if a.methods else None}
     overrides = {k: v for k, v in given.items() if v is not None}
     settings = DemoSettings.make(quick=a.quick, **overrides)

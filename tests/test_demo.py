@@ -564,6 +564,22 @@ def test_demo_pool_size_reaches_the_settings_and_more_than_the_tasks_pool_is_ref
     assert "pool_size 1201 (at most 1200)" in capsys.readouterr().err and not (tmp_path / "demo").exists()
 
 
+def test_demo_lr_reaches_every_trainer_and_a_bad_one_is_refused(tmp_path, capsys, monkeypatch):
+    """`--lr` is the settings' own field (one spelling of its default and its bound): it reaches every method's
+    trainer options, and a rate that is not positive is refused by name before anything is written."""
+    import cropi.demo
+    from cropi.cli import main
+
+    seen = []
+    monkeypatch.setattr(cropi.demo, "run_demo", lambda settings, out, warm_start=False: seen.append(settings) or {
+        "step_acceleration": None, "full_gain": None, "timing_s": {}})
+    assert main(["demo", "--lr", "0.0001", "--out", str(tmp_path / "demo")]) == 0
+    assert seen[0].lr == 1e-4 and seen[0].trainer_options({}, "cropi")["lr"] == 1e-4
+    assert seen[0].trainer_options({}, "checked")["lr"] == 1e-4
+    assert main(["demo", "--lr", "0", "--out", str(tmp_path / "bad")]) != 0
+    assert "lr" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
 def test_a_remix_defined_outside_the_package_starts_from_the_shipped_model_it_names(tmp_path):
     """A task whose ``model_of`` names a built-in task, with that task's recipe, warm-start prompts and answers,
     starts from the shipped model itself (byte for byte), not from this machine's rebuild of it; a task that
