@@ -37,7 +37,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit  # noqa: E402
@@ -58,13 +57,12 @@ def ranking_table(path: str) -> tuple[dict[str, dict[str, float]], set[str], dic
 
 
 def agreement(a: dict[str, float], b: dict[str, float], k: int) -> dict:
-    """Spearman over the prompts both scored, and the share of a's top k in b's top k (random: k / n)."""
-    common = sorted(set(a) & set(b))
-    x, y = np.array([a[p] for p in common]), np.array([b[p] for p in common])
-    k = max(1, min(k, len(common)))
-    top = lambda v: {common[i] for i in np.argsort(-v, kind="stable")[:k]}  # noqa: E731
-    return {"prompts": len(common), "spearman": float(spearmanr(x, y)[0]),
-            "top_overlap": len(top(x) & top(y)) / k, "random_top_overlap": k / len(common)}
+    """Spearman over the prompts both scored, and the share of a's top k in b's top k (random: k / n): the
+    curriculum's own stage diagnostic (cropi.scoring.diagnostics.ranking_change), its warning left out."""
+    from cropi.scoring.diagnostics import ranking_change
+
+    return {key: v for key, v in ranking_change(a, b, k).items() if key in ("prompts", "spearman", "top_overlap",
+                                                                           "random_top_overlap")}
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -247,6 +245,37 @@ def read_task(work: Path, pattern: str, args, scratch: Path) -> dict:
     return result
 
 
+BARS = (("later_spearman_brown", "one checkpoint, two halves of the responses (Spearman-Brown)"),
+        ("change_fused_spearman", "consecutive stages of the run"),
+        ("short_change_fused_spearman", "consecutive stages of {short} steps"),
+        ("across_seeds_spearman", "two seeds after the same stage"))
+
+
+def plot(summary: dict, path: Path, short: int = 0) -> None:
+    """Per task, a bar per agreement: how much a later ranking agrees with itself, its successor, another seed's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(summary)
+    bars = [(key, label) for key, label in BARS if any(summary[t].get(key) is not None for t in tasks)]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(tasks)), 4.4))
+    width = 0.8 / len(bars)
+    for i, (key, label) in enumerate(bars):
+        values = [summary[t].get(key) or 0.0 for t in tasks]
+        ax.bar(np.arange(len(tasks)) + (i - (len(bars) - 1) / 2) * width, values, width, label=label.format(short=short))
+    ax.axhline(0.0, color="black", linewidth=0.6)
+    ax.set_xticks(np.arange(len(tasks)), tasks, rotation=20, ha="right")
+    ax.set_ylabel("Spearman of the fused influence ranking")
+    ax.set_title("A later stage's ranking: reproducible at its checkpoint, gone a stage on")
+    ax.set_ylim(min(-0.1, ax.get_ylim()[0]), 1.0)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def recorded(argv: list[str]) -> str:
     """The command as run, each demo folder and the scratch folder named by role (no machine's paths)."""
     shown, it = [], iter(argv)
@@ -279,6 +308,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(task, json.dumps(tasks[task]["summary"]), flush=True)
     result = {"benchmark": "ranking_shelf_life", "command": recorded(argv if argv is not None else sys.argv[1:]),
               "tasks": tasks, "summary": {t: r["summary"] for t, r in tasks.items()}}
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot(result["summary"], args.out / "ranking_shelf_life.png", args.short)
     return emit(args.out, "ranking_shelf_life.json", result, "summary")
 
 

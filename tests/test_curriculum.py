@@ -90,6 +90,25 @@ def test_stage_subsets_are_verl_parquet_of_exactly_the_selected_prompts(setup, c
         assert sorted(ranking.filter(ranking["selected"])["prompt_id"].to_pylist()) == sorted(want)
 
 
+def test_a_later_stage_record_compares_its_ranking_with_the_last_stages(setup, cropi_run):
+    """Stage 1's record (and the curriculum's answer) holds Spearman's rho between its stored ranking and stage 0's
+    over the prompts both ranked, recomputed here from the two files by ranks; stage 0 has nothing to compare."""
+    from scipy.stats import rankdata
+
+    result, _, _ = cropi_run
+    first, second = result["stages"]
+    assert "ranking_change" not in first["selection"]
+    fused = [{r["prompt_id"]: r["fused"] for r in pq.read_table(s["ranking"]).to_pylist() if r["status"] == "ok"}
+             for s in (first, second)]
+    common = sorted(set(fused[0]) & set(fused[1]))
+    a, b = (rankdata([f[p] for p in common]) for f in fused)
+    rho = float(np.corrcoef(a, b)[0, 1])
+    change = second["selection"]["ranking_change"]
+    assert change["prompts"] == len(common) and change["spearman"] == pytest.approx(rho, abs=1e-9)
+    turned = "ranking_turned_over" in [w["code"] for w in second["selection"]["warnings"]]
+    assert turned == (rho * math.sqrt(len(common) - 1) <= 1.6448536269514722)
+
+
 def test_each_stage_is_scored_at_its_own_checkpoint(setup, cropi_run):
     """Stage m's ranking is the cosine of stored pool gradients at theta_m with the mean validation gradient."""
     result, _, _ = cropi_run

@@ -321,3 +321,42 @@ def test_sampled_greedy_picks_among_the_n_best_free_rows_but_at_rate_miss():
             free.remove(j)
     se = math.sqrt(miss * (1 - miss) / steps)
     assert outside / steps <= miss + 4 * se, (outside, steps)
+
+
+def _brute_spearman(x, y) -> float:
+    """Pearson's r of the ranks, ranks by a double argsort (the values below have no ties)."""
+    rx, ry = (np.argsort(np.argsort(v)).astype(float) for v in (x, y))
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    return float(rx @ ry / math.sqrt((rx @ rx) * (ry @ ry)))
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.3, 1.0, 3.0, 10.0, 100.0])
+def test_ranking_change_is_spearman_over_the_prompts_both_ranked_and_warns_only_when_not_above_zero(noise):
+    """rho over the common prompts only (a prompt one ranking lacks must not count), the top-k overlap by brute
+    force, and the turnover warning exactly when rho sqrt(n - 1) is not above the one-sided normal quantile."""
+    from cropi.scoring.diagnostics import TURNED_OVER, ranking_change
+
+    rng = np.random.default_rng(int(noise * 10))
+    n, k = 101, 10
+    before = {f"p{i}": float(v) for i, v in enumerate(rng.normal(size=n))}
+    now = {p: v + noise * float(rng.normal()) for p, v in before.items()}
+    now["only-now"], before["only-before"] = 99.0, 99.0  # top of each, and in neither comparison
+    out = ranking_change(now, before, k, alpha=0.05)
+    common = [f"p{i}" for i in range(n)]
+    rho = _brute_spearman([now[p] for p in common], [before[p] for p in common])
+    assert out["prompts"] == n and out["spearman"] == pytest.approx(rho, abs=1e-12)
+    top = lambda d: set(sorted(common, key=lambda p: -d[p])[:k])  # noqa: E731
+    assert out["top_overlap"] == len(top(now) & top(before)) / k and out["random_top_overlap"] == k / n
+    warned = [w["code"] for w in out["warnings"]] == [TURNED_OVER]
+    assert warned == (rho * math.sqrt(n - 1) <= 1.6448536269514722)
+    assert ranking_change({"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 2.0, "c": 0.0}, 1)["spearman"] is None  # 2 in common
+
+
+def test_ranking_change_of_a_reversed_order_warns_and_of_the_same_order_does_not():
+    from cropi.scoring.diagnostics import ranking_change
+
+    scores = {f"p{i}": float(i) for i in range(50)}
+    same = ranking_change(scores, dict(scores), 5)
+    assert same["spearman"] == pytest.approx(1.0) and same["top_overlap"] == 1.0 and same["warnings"] == []
+    flipped = ranking_change(scores, {p: -v for p, v in scores.items()}, 5)
+    assert flipped["spearman"] == pytest.approx(-1.0) and flipped["top_overlap"] == 0.0 and flipped["warnings"]

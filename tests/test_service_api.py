@@ -453,6 +453,8 @@ def test_curriculum_stages_download_as_parquet(env):
     view = env.get(f"/v1/curricula/{cur}").json()
     assert [s["index"] for s in view["stages"]] == [0, 1, 2] and view["job"]["state"] == "succeeded"
     assert [[w["code"] for w in s["warnings"]] for s in view["stages"]] == [["filled_to_batch"], [], []]
+    assert [s["ranking_change"] for s in view["stages"]] == [None, {"prompts": 10, "spearman": 0.1},
+                                                             {"prompts": 10, "spearman": 0.2}]  # the record's, as is
     import pyarrow.parquet as pq
 
     for s in view["stages"]:

@@ -14,7 +14,9 @@ Read from what the runs stored, per method, seed and stage (``report.json``'s ``
 - ``fields``: the skew of each field the task declares (``Task.fields``; lists: the answer's
   position in the list), with the warnings;
 - ``validation_change``: the validation sets' sampled accuracy at the stage's end minus at its
-  start (the trainer reads them at step 0 and at every stage's end; the test splits never).
+  start (the trainer reads them at step 0 and at every stage's end; the test splits never);
+- ``ranking_change``: from the stage record, Spearman's rho between the stage's influence ranking and the last
+  stage's (cropi.scoring.diagnostics.ranking_change), with its ``ranking_turned_over`` warnings.
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ import numpy as np
 
 from cropi.contracts import POOL
 from cropi.data import load_prompts
-from cropi.scoring.diagnostics import alignment, field_skew
+from cropi.scoring.diagnostics import TURNED_OVER, alignment, field_skew
 from cropi.tasks.base import Task
 
 NUMBERS = ("passes_per_stage", "zero_advantage_share", "selection_pass_rate", "pool_pass_rate",
-           "selection_alignment", "random_alignment", "batch_signal_to_noise", "validation_change")
+           "selection_alignment", "random_alignment", "batch_signal_to_noise", "validation_change", "ranking_change")
 
 
 def stage_diagnostics(runs: list[dict], task: Task, pool_path: str, batch: int, k: int) -> dict:
@@ -59,7 +61,9 @@ def _stage_row(run: dict, stage: dict, ref: dict | None, fields: dict, batch: in
     row = {"n_selected": len(chosen), "passes_per_stage": len(steps) * batch / max(len(chosen), 1),
            "zero_advantage_share": _mean([s["zero_advantage_groups"] for s in steps]),
            "validation_change": _validation_change(run, stage, k)}
-    warned: list = []
+    recorded = stage.get("selection") or {}
+    row["ranking_change"] = (recorded.get("ranking_change") or {}).get("spearman")
+    warned: list = [w for w in recorded.get("warnings", []) if w.get("code") == TURNED_OVER]
     if ref is not None:
         rows = [ref["index"][p] for p in chosen if p in ref["index"]]
         row["selection_pass_rate"] = _mean(ref["pass_rate"][rows])

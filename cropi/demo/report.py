@@ -506,15 +506,18 @@ def _diagnostics_lines(report: dict) -> list[str]:
              "passes: draws over subset size; zero-adv: share of all-equal groups per step; pass rate: theta_0's "
              "offline pass rate of the subset (pool beside it); alignment: mean pairwise cosine of the subset's "
              "theta_0 gradients (a random draw beside it) and the batch signal-to-noise it implies (above 1 "
-             "warns); val change: validation accuracy at the stage's end minus its start.", "",
-             "| method | stage | passes | zero-adv | pass rate (pool) | alignment (random) | batch SNR | val change |",
-             "|---|---|---|---|---|---|---|---|"]
+             "warns); val change: validation accuracy at the stage's end minus its start; vs last ranking: Spearman between "
+             "the stage's influence ranking and the last stage's (near 0: the last stage moved the model past it).", "",
+             "| method | stage | passes | zero-adv | pass rate (pool) | alignment (random) | batch SNR | val change | "
+             "vs last ranking |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for method, d in sorted(diag.items()):
         for m, r in d["mean"].items():
             lines.append(f"| {method} | {m} | {_num(r['passes_per_stage'], 1)} | {_num(r['zero_advantage_share'], 2)} | "
                          f"{_num(r['selection_pass_rate'], 2)} ({_num(r['pool_pass_rate'], 2)}) | "
                          f"{_num(r['selection_alignment'], 3)} ({_num(r['random_alignment'], 3)}) | "
-                         f"{_num(r['batch_signal_to_noise'], 2)} | {_num(r['validation_change'], 3)} |")
+                         f"{_num(r['batch_signal_to_noise'], 2)} | {_num(r['validation_change'], 3)} | "
+                         f"{_num(r.get('ranking_change'), 2)} |")
     counts = {m: Counter(w["code"] for w in d["warnings"]) for m, d in diag.items()}
     lines += ["", "Warnings over every seed and stage: " + "; ".join(
         f"{m}: " + (", ".join(f"{c} {n}" for c, n in sorted(cs.items())) or "none") for m, cs in sorted(counts.items()))

@@ -199,7 +199,12 @@ class Stage(BaseModel):
                                 "it ran unchecked (cropi.pipeline.curriculum.state.check_summary)")
     warnings: list[dict] | None = Field(default=None, description="what the stage subset's record warns of (each "
                                         "with its code and message: concentrated_selection, label_skew, field_skew, "
-                                        "filled_to_batch, silent_validation_set; cropi.scoring.diagnostics)")
+                                        "filled_to_batch, silent_validation_set, ranking_turned_over; "
+                                        "cropi.scoring.diagnostics)")
+    ranking_change: dict | None = Field(default=None, description="the stage's influence ranking against the last "
+                                        "stage's: Spearman over the prompts both ranked, its z against 0, the top "
+                                        "selection's overlap beside a random order's (cropi.scoring.diagnostics."
+                                        "ranking_change); none at the first stage or without a ranking")
     cost_s: dict | None = Field(default=None, description="the stage's seconds: scoring, checks, training, and "
                                 "apart from them evaluation, the trainer's test-split evaluations that training "
                                 "leaves out (cropi.pipeline.curriculum.state.stage_cost)")

@@ -413,7 +413,8 @@ class Service:
         stages = [{"index": int(s.get("index", i)), "n_prompts": s.get("n_prompts"), "checkpoint": s.get("checkpoint"),
                    "subset_url": f"/v1/curricula/{row.id}/stages/{s.get('index', i)}/subset" if s.get("subset") else None,
                    "checks": s.get("checks"), "cost_s": s.get("cost_s"),
-                   "warnings": (s.get("selection") or {}).get("warnings")}
+                   "warnings": (s.get("selection") or {}).get("warnings"),
+                   "ranking_change": (s.get("selection") or {}).get("ranking_change")}
                   for i, s in enumerate(self.library.curriculum_stages(row.name, job.result))]
         return {"id": row.id, "name": row.name, "job": job_view(job), "stages": stages, "created": row.created}
 

@@ -76,6 +76,7 @@ def curriculum_job(params: dict, *, root: str, progress) -> dict:
         pq.write_table(pa.table({"data_source": ["test"] * (m + 1), "prompt": [f"stage {m} q{i}" for i in range(m + 1)]}),
                        path)
         warned = [{"code": "filled_to_batch", "message": "stage 0 filled"}] if m == 0 else []
-        stages.append({"index": m, "subset": str(path), "n_prompts": m + 1, "selection": {"warnings": warned}})
+        change = {"ranking_change": {"prompts": 10, "spearman": 0.1 * m}} if m else {}
+        stages.append({"index": m, "subset": str(path), "n_prompts": m + 1, "selection": {"warnings": warned, **change}})
         progress("stages", m + 1, int(params["stages"]))
     return {"stages": stages}

@@ -57,8 +57,10 @@ def _run_stage(config: CurriculumConfig, paths: CurriculumPaths, state: StageSta
         scored = steps.score(config, paths, m, model, progress)
         if "scored" not in stage:  # with its wall seconds: what the method's selection cost at this stage
             state.finish(m, "scored", scored.record | {"seconds": round(time.monotonic() - started, 3)})
+        before = state.stage(m - 1).get("scored") if m else None
         state.finish(m, "selected", steps.select_stage(config, paths, m, pool, scored.chosen, scored.mix,
-                                                       batch=steps.batch_of(trainer)))
+                                                       batch=steps.batch_of(trainer), scored=state.stage(m)["scored"],
+                                                       before=before))
     unchecked = parts.checked(config, trainer)
     if unchecked is None:  # trained in parts, each checked (cropi.pipeline.curriculum.check)
         pick = lambda selector, fraction: steps.select_ids(config, paths, m, pool, model, selector, fraction,  # noqa: E731

@@ -26,11 +26,12 @@ import pyarrow.parquet as pq
 
 from cropi.contracts import POOL
 from cropi.data import PromptRecord, load_prompts, write_verl_parquet
-from cropi.errors import InvalidInputError, NotFoundError
+from cropi.errors import CorruptDataError, InvalidInputError, NotFoundError
 from cropi.pipeline.curriculum.config import MAX_STAGES, CurriculumConfig
 from cropi.pipeline.curriculum.state import CurriculumPaths
 from cropi.pipeline.rank import pool_labels
-from cropi.scoring.diagnostics import FILLED_TO_BATCH, SILENT_VALIDATION, concentration, field_skew, selection_mix
+from cropi.scoring.diagnostics import (FILLED_TO_BATCH, SILENT_VALIDATION, concentration, field_skew,
+                                      ranking_change, selection_mix)
 from cropi.pipeline.progress import Progress
 from cropi.pipeline.score import ensure_trajectories, reselect, score_checkpoint
 from cropi.selection import SelectionInputs, filled, get_selector, pass_rate_score, pass_rates, select
@@ -81,10 +82,12 @@ def score(config: CurriculumConfig, paths: CurriculumPaths, m: int, model: str, 
 
 
 def select_stage(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool: dict[str, PromptRecord],
-                 chosen: Optional[list[str]], scored_mix: Optional[dict] = None, *, batch: int = 0) -> dict:
+                 chosen: Optional[list[str]], scored_mix: Optional[dict] = None, *, batch: int = 0,
+                 scored: Optional[dict] = None, before: Optional[dict] = None) -> dict:
     """Write the stage subset: ``chosen`` (best first), or the selector's own draw, filled to one trainer's
     ``batch`` where it holds fewer (``to_a_batch``). ``scored_mix`` is the ranking's record of the selection (its
-    gradients' agreement), when a ranking selector made it."""
+    gradients' agreement), when a ranking selector made it. ``scored`` and ``before``: this stage's and the last
+    stage's step-1 records, whose rankings ``turnover`` compares."""
     if chosen is None:
         validation = [r for path in config.validation.values() for r in load_prompts(path)]
         chosen = select(config.selector, _inputs(config, m, records=pool, validation=validation),
@@ -109,12 +112,37 @@ def select_stage(config: CurriculumConfig, paths: CurriculumPaths, m: int, pool:
         mix = mix | signal | {k: v for k, v in warned.items() if k != "warnings"}
         ranked = [w for w in scored_mix.get("warnings", []) if w.get("code") == SILENT_VALIDATION]  # not redone here
         mix["warnings"] = ranked + mix["warnings"] + warned["warnings"]
+    change = turnover(scored, before, len(chosen), config.check.alpha)
+    if change:
+        mix = mix | {"ranking_change": {k: v for k, v in change.items() if k != "warnings"},
+                     "warnings": mix["warnings"] + change["warnings"]}
     if config.skew_fields:
         fields = {f: {p: str(r.extra_info.get(f)) for p, r in pool.items()} for f in config.skew_fields}
         skew = field_skew(chosen, fields)
         mix = mix | {"fields": skew["fields"], "warnings": mix["warnings"] + skew["warnings"]}
     return {"subset": str(subset), "n_prompts": len(chosen), "pool_size": len(pool), "diagnostics": mix,
             **({"filled": short["filled"]} if short else {})}
+
+
+def turnover(scored: Optional[dict], before: Optional[dict], k: int, alpha: float) -> Optional[dict]:
+    """A stage's influence ranking against the last stage's (``cropi.scoring.diagnostics.ranking_change`` over
+    their fused scores; ``scored`` and ``before`` the two stages' step-1 records). None where either stage has no
+    influence ranking (the first stage, a selector that reads none, or only the pass rates) or a ranking file is
+    gone: a diagnostic, never a reason to stop a stage."""
+    if not (scored and before and scored.get("checkpoint") and before.get("checkpoint")):
+        return None
+    try:
+        now, then = (_fused(record["ranking"]) for record in (scored, before))
+    except (NotFoundError, CorruptDataError, OSError):
+        return None
+    return ranking_change(now, then, k, alpha)
+
+
+def _fused(ranking: str) -> dict[str, float]:
+    """A stored ranking's fused score of every prompt it ranked (status ok)."""
+    table, _ = read_ranking(*resolve(ranking))
+    ids, status, fused = (table.column(c).to_pylist() for c in ("prompt_id", "status", "fused"))
+    return {p: f for p, st, f in zip(ids, status, fused) if st == "ok" and f is not None}
 
 
 def batch_of(trainer) -> int:
