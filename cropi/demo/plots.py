@@ -107,13 +107,16 @@ def checks_plot(path: Path, records: dict) -> str:
 
 def diagnostics_plot(path: Path, diagnostics: dict) -> str:
     """Per method and stage (mean over seeds): how aligned its subset's gradients are (against a random
-    draw's, dashed), the share of all-equal groups it trained on, and the validation sets' change."""
+    draw's, dashed), the share of all-equal groups it trained on, the validation sets' change, and how much the
+    stage's influence ranking agrees with the last stage's (near 0: the last stage moved the model past it)."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     panels = (("selection_alignment", "mean pairwise gradient cosine (theta_0)"),
               ("zero_advantage_share", "zero-advantage groups per step"),
-              ("validation_change", "validation accuracy change over the stage"))
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+              ("validation_change", "validation accuracy change over the stage"),
+              ("ranking_change", "Spearman with the last stage's ranking"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(17, 3.8))
     for ax, (key, title) in zip(axes, panels):
         for method, d in sorted(diagnostics.items()):
             stages = sorted(d["mean"], key=int)
@@ -123,10 +126,11 @@ def diagnostics_plot(path: Path, diagnostics: dict) -> str:
         if key == "selection_alignment" and diagnostics:
             ref = next(iter(diagnostics.values()))["mean"]
             ax.axhline(_first(ref, "random_alignment"), color="tab:gray", ls="--", lw=0.8, label="random draw")
-        if key == "validation_change":
+        if key in ("validation_change", "ranking_change"):
             ax.axhline(0.0, color="tab:gray", lw=0.6)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("stage")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
