@@ -350,6 +350,8 @@ def test_ranking_change_is_spearman_over_the_prompts_both_ranked_and_warns_only_
     warned = [w["code"] for w in out["warnings"]] == [TURNED_OVER]
     assert warned == (rho * math.sqrt(n - 1) <= 1.6448536269514722)
     assert ranking_change({"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 2.0, "c": 0.0}, 1)["spearman"] is None  # 2 in common
+    flat = ranking_change({p: 0.0 for p in common}, before, k)  # every score equal: rho undefined, nothing claimed
+    assert flat["spearman"] is None and flat["warnings"] == []
 
 
 def test_ranking_change_of_a_reversed_order_warns_and_of_the_same_order_does_not():

@@ -154,7 +154,8 @@ def ranking_change(current: Mapping[str, float], previous: Mapping[str, float], 
     each): Spearman's rho over the prompts both ranked, and the share of the current top ``k`` in the previous
     top ``k`` beside what a random order shares (k / n). A ``ranking_turned_over`` warning when rho is not above 0
     at ``alpha`` (one-sided; under independence rho sqrt(n - 1) is about standard normal): nothing of the last
-    ranking is measurable in this one. None for fewer than 3 prompts in common.
+    ranking is measurable in this one. ``spearman`` None, and no warning, for fewer than 3 prompts in common or a
+    ranking whose scores are all equal (rho undefined).
 
     Why it is worth saying: scored again from either half of its reused responses, a later checkpoint's ranking
     reproduces itself (split-half Spearman-Brown 0.75-0.86 over six demo tasks), yet consecutive stages' rankings
@@ -168,16 +169,18 @@ def ranking_change(current: Mapping[str, float], previous: Mapping[str, float], 
     if n < 3:
         return {"prompts": n, "spearman": None, "warnings": []}
     now, before = np.array([current[p] for p in common]), np.array([previous[p] for p in common])
+    if np.ptp(now) == 0 or np.ptp(before) == 0:  # a constant ranking: rho is undefined
+        return {"prompts": n, "spearman": None, "warnings": []}
     rho = float(spearmanr(now, before)[0])
     k = max(1, min(k, n))
     top = lambda v: {common[i] for i in np.argsort(-v, kind="stable")[:k]}  # noqa: E731
     shared = len(top(now) & top(before)) / k
-    z = rho * (n - 1) ** 0.5 if np.isfinite(rho) else 0.0
-    out = {"prompts": n, "spearman": rho if np.isfinite(rho) else None, "z": z, "top_overlap": shared,
+    z = rho * (n - 1) ** 0.5
+    out = {"prompts": n, "spearman": rho, "z": z, "top_overlap": shared,
            "random_top_overlap": k / n, "warnings": []}
     if z <= norm.ppf(1 - alpha):
         out["warnings"].append({
-            "code": TURNED_OVER, "spearman": out["spearman"], "prompts": n,
+            "code": TURNED_OVER, "spearman": rho, "prompts": n,
             "message": f"this checkpoint's ranking is unrelated to the last stage's (Spearman {rho:+.2f} over the "
                        f"{n} prompts both ranked, not above 0 at alpha {alpha}; its top {k} shares {shared:.0%} with "
                        f"the last stage's, a random order {k / n:.0%}): the last stage moved the model past what "
