@@ -7,7 +7,7 @@ curricula of one fixed ranking rule (``--curricula``, default CROPI's rule, ``cr
 
 - **noise at one checkpoint** (``--halves``: seed 0's curriculum only, it scores): each stage's checkpoint scored
   again twice from the two halves of every pool prompt's K reused responses (even and odd ``sample_index``; the
-  validation sets' trajectories whole), ``split_half_spearman`` between the two orders over the prompts ok in both,
+  validation sets' trajectories whole), ``spearman`` between the two orders over the prompts ok in both,
   ``spearman_brown`` (2 rho / (1 + rho)) the whole group's reliability;
 - **change over a stage**: Spearman between consecutive stages' rankings (fused and per validation set) over the
   pool prompts ok in both, and the share of a stage's selection in the previous stage's top of the same size
@@ -15,8 +15,9 @@ curricula of one fixed ranking rule (``--curricula``, default CROPI's rule, ``cr
 - **the target's turn**: per validation set the cosine between its mean projected gradient (the vector the ranking
   scores against, ``cropi.scoring.influence.validation_vector``) at consecutive stages' checkpoints, beside the
   cosine between the two halves of its own prompts at one checkpoint (mean over ``--splits`` random halves: what
-  the vector's sampling noise alone allows). A negative turn says the stage's training went past where the
-  validation loss's first-order slope, the one the ranking followed, still pointed;
+  the vector's sampling noise alone allows). Recorded, not read as a verdict: where two halves of a set's own
+  prompts agree as little as they do on the demo's tasks (cosine 0.03-0.46), the vector is mostly its prompts' own
+  parts, and its turn says little about the direction the ranking followed;
 - **how far the weights moved**: seed 0's checkpoint after each stage, ||theta - theta_0|| / ||theta_0||;
 - **across seeds**: Spearman between seeds' rankings at the same stage (every seed trained the same stage-0
   subset, and differs only in its rollouts' draws).
