@@ -19,6 +19,9 @@ def command_line(script: str, argv: list[str] | None = None) -> str:
 
 
 def _portable(arg: str) -> str:
+    name, eq, value = arg.partition("=")
+    if eq and value.startswith("/") and not name.startswith("/"):  # NAME=/path (a reading script's --work, --report)
+        return f"{name}={_portable(value)}"
     if not arg.startswith("/"):
         return arg
     path = Path(arg).resolve()

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cmdline import command_line  # noqa: E402
 from common import emit  # noqa: E402
 
 FUSED = "fused"
@@ -47,10 +48,10 @@ FUSED = "fused"
 
 def ranking_table(path: str) -> tuple[dict[str, dict[str, float]], set[str], dict]:
     """A stored ranking's scores (column -> prompt -> score, ok prompts only), its selection and its meta."""
-    import pyarrow.parquet as pq
+    from cropi.store.rankings import read_ranking
+    from cropi.utils.fsio import resolve
 
-    table = pq.read_table(path)
-    meta = json.loads(table.schema.metadata[b"cropi.ranking"])
+    table, meta = read_ranking(*resolve(path))
     frame = table.to_pandas()
     ok = frame[frame.status == "ok"]
     scores = {c: dict(zip(ok.prompt_id, ok[c])) for c in ok.columns if c == FUSED or c.startswith("score:")}
@@ -146,22 +147,22 @@ def half_store(source: str, half: int, root: Path) -> str:
 
 
 def halves(curriculum: Path, scratch: Path) -> list[dict]:
-    """Each stage's checkpoint scored from either half of the pool's responses: the two orders' agreement."""
-    from cropi.pipeline.requests import ScoreRequest
+    """Each stage's checkpoint scored from either half of the pool's responses: the two orders' agreement. The
+    request is the curriculum's own score step (``CurriculumConfig.score_request``: its projection, loss, vector
+    dtype, device), with only the pool's trajectories and the checkpoint's name replaced."""
+    from cropi.pipeline.curriculum import CurriculumConfig
     from cropi.pipeline.score import score_checkpoint
 
     state = json.loads((curriculum / "state.json").read_text())
-    config, first = state["config"], state["stages"][0]["scored"]
+    config, first = CurriculumConfig.model_validate(state["config"]), state["stages"][0]["scored"]
     stores = {h: half_store(first["trajectories"]["pool"], h, scratch / f"half{h}") for h in (0, 1)}
     rows = []
     for stage in curriculum_stages(curriculum):
         tables = []
         for h in (0, 1):
-            request = ScoreRequest(model=stage["model"], behavior=config["model"], pool=config["pool"],
-                                   validation=config["validation"], projection=config["projection"],
-                                   loss=config["loss"], selector=config["selector"], seed=config["seed"],
-                                   trajectories={**first["trajectories"], "pool": stores[h]},
-                                   name=f"{curriculum.name}-stage{stage['index']}-half{h}")
+            request = config.score_request(stage["model"], first["behavior"]).model_copy(update={
+                "trajectories": {**first["trajectories"], "pool": stores[h]},
+                "name": f"{curriculum.name}-stage{stage['index']}-half{h}"})
             tables.append(ranking_table(score_checkpoint(request, root=scratch / "root").ranking))
         (a, sel, _), (b, _, _) = tables
         agree = agreement(a[FUSED], b[FUSED], len(sel))
@@ -277,18 +278,6 @@ def plot(summary: dict, path: Path, short: int = 0) -> None:
     plt.close(fig)
 
 
-def recorded(argv: list[str]) -> str:
-    """The command as run, each demo folder and the scratch folder named by role (no machine's paths)."""
-    shown, it = [], iter(argv)
-    for a in it:
-        if a in ("--work", "--scratch", "--out"):
-            value = next(it)
-            shown += [a, {"--work": f"{value.split('=', 1)[0]}=<demo folder>", "--scratch": "<scratch>"}.get(a, value)]
-        else:
-            shown.append(a)
-    return " ".join(["python benchmarks/ranking_shelf_life.py", *shown])
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--work", action="append", required=True, help="TASK=DIR: a cropi demo folder (repeatable)")
@@ -307,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
         task, work = item.split("=", 1)
         tasks[task] = read_task(Path(work), args.curricula, args, (args.scratch or Path(".")) / task)
         print(task, json.dumps(tasks[task]["summary"]), flush=True)
-    result = {"benchmark": "ranking_shelf_life", "command": recorded(argv if argv is not None else sys.argv[1:]),
+    result = {"benchmark": "ranking_shelf_life", "command": command_line("benchmarks/ranking_shelf_life.py", argv),
               "tasks": tasks, "summary": {t: r["summary"] for t, r in tasks.items()}}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cmdline import command_line  # noqa: E402
 from common import emit  # noqa: E402
 
 INFLUENCE, CONTROLS = ("cropi", "checked"), ("full", "informative")
@@ -59,8 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {t: {"base_lr": r["base"]["lr"], "other_lr": r["other"]["lr"], "base_gap": r["base"]["gap"],
                    "other_gap": r["other"]["gap"], "gap_change": r["gap_change"], "se": r["se"],
                    "beyond_one_se": r["beyond_one_se"]} for t, r in tasks.items()}
-    result = {"benchmark": "rate_gap", "command": " ".join(["python benchmarks/rate_gap.py",
-                                                             *(argv if argv is not None else sys.argv[1:])]),
+    result = {"benchmark": "rate_gap", "command": command_line("benchmarks/rate_gap.py", argv),
               "tasks": tasks, "summary": summary}
     return emit(args.out, "rate_gap.json", result, "summary")
 
