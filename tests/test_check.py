@@ -1378,3 +1378,70 @@ def test_a_race_that_cannot_tell_goes_on_with_the_fallback_under_race_unresolved
     spent = sorted((e["spent_start"], e["steps"]) for e in record["race"] + (record.get("race_on") or []))
     assert [s for s, _ in spent] == list(itertools.accumulate([0] + [n for _, n in spent][:-1]))  # one after another
     assert sum(e["steps"] for e in record["parts"][1:]) + spent[-1][0] + spent[-1][1] == 8  # the stage's budget
+
+
+def test_race_draws_are_the_most_within_the_budget_never_fewer_than_the_checks():
+    """Brute force: the largest k with k * prompts <= budget, raised to the check's draws, capped at MAX_SAMPLES."""
+    for budget in (1, 32, 640, 5000, 10**6):
+        for prompts in (1, 7, 55, 156):
+            for floor in (1, 4, 8):
+                fits = [k for k in range(1, chk.MAX_SAMPLES + 1) if k * prompts <= budget]
+                expected = max(floor, max(fits) if fits else 0)
+                assert chk.race_draws(budget, prompts, floor) == expected, (budget, prompts, floor)
+
+
+def test_a_race_under_race_sample_rest_decides_on_every_prompt_not_held_to_confirm(setup, monkeypatch):
+    """``race_sample: rest`` (the round 21 candidate). On the check's sample the fallback reads 0.01 higher after
+    the race's first half (it gains twice the primary's step); on the race's own sample the primary reads 0.05
+    higher. The race decides on its own sample: the primary goes on, at the first look (the lead has no noise).
+    That sample is every validation prompt but the confirmation sample's, the check's own among them, read at the
+    draws ``race_draws`` gives for the race's second half (1 step x 4 prompts x 8 rollouts); each entry's
+    ``values`` stay the check sample's, what the later checks compare with. Under the default the fallback wins."""
+    from cropi.data.readers import load_prompts
+
+    drawn, race_reads = [], []
+
+    def draws(budget, prompts, floor):
+        drawn.append((budget, prompts, floor))
+        return 3  # a count the check never reads at, so the script below knows the race's reading
+
+    def script(self, checkpoint, **kw):
+        readings, seconds = _scripted(self, checkpoint)
+        if self.samples == 3:
+            race_reads.append({n: sorted(r.prompt_id for r in recs) for n, recs in self.records.items()})
+            if "race-cropi" in str(checkpoint):
+                readings = {n: r + 0.05 for n, r in readings.items()}
+        return readings, seconds
+
+    monkeypatch.setattr(chk, "race_draws", draws)
+    records = {}
+    for rule in ("check", "rest"):
+        monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: PartTrainer())
+        monkeypatch.setattr(chk.ValidationSample, "measure", script)
+        config = make_config(setup, name=f"race-sample-{rule}", stages=1, steps_per_stage=8,
+                             check={"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "sequential",
+                                    "race_sample": rule})
+        answer = _check(run_curriculum(config, root=setup["root"]), 0)
+        records[rule] = json.loads((Path(setup["root"]) / "curricula" / config.name / "state.json").read_text()
+                                   )["stages"][0]["check"]
+        shown = [{k: e.get(k) for k in ("arm", "objective", "race", "race_objective", "race_draws")}
+                 for e in records[rule]["race"]]
+        assert [{k: e.get(k) for k in shown[0]} for e in answer["race"]] == shown  # as the service shows it
+    check, rest = records["check"], records["rest"]
+    assert check["parts"][0]["arm"] == "diverse" and not any("race_values" in e for e in check["race"])
+    assert rest["plan"]["race_sample"] == "rest" and check["plan"]["race_sample"] == "check"
+    assert rest["parts"][0]["arm"] == "cropi" and rest["race_first_look"]["resolved"] and "race_on" not in rest
+    assert rest["race_first_look"]["lead"] == pytest.approx(0.04, abs=1e-6)
+    by_arm = {e["arm"]: e for e in rest["race"]}
+    assert [by_arm[a]["values"] == by_arm_c["values"] for a, by_arm_c in
+            ((a, next(e for e in check["race"] if e["arm"] == a)) for a in ("cropi", "diverse"))] == [True, True]
+    assert by_arm["cropi"]["race_objective"] == pytest.approx(by_arm["cropi"]["objective"] + 0.05, abs=1e-6)
+    assert {e["race_draws"] for e in rest["race"]} == {3}
+    sets = {n: load_prompts(p) for n, p in config.validation.items()}
+    n = rest["plan"]["prompts_per_set"]
+    check_sample, confirm = chk.ValidationSample.draw_pair(sets, n, config.seed, rest["plan"]["samples"])
+    expected = {name: sorted({r.prompt_id for r in recs} - {r.prompt_id for r in confirm.records[name]})
+                for name, recs in sets.items()}
+    assert race_reads == [expected, expected]  # one reading an arm, the same prompts
+    assert all(set(r.prompt_id for r in check_sample.records[name]) <= set(ids) for name, ids in expected.items())
+    assert drawn == [(1 * 4 * 8, sum(len(v) for v in expected.values()), 8)]

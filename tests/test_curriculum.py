@@ -335,6 +335,8 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
                           ).resume_key() != "d5ca290d348b234d"  # and revision 16's whole-part race, since round 19
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_unresolved="fallback")}
                           ).resume_key() != "d5ca290d348b234d"  # and the fallback where a race cannot tell (round 20's)
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_sample="rest")}
+                          ).resume_key() != "d5ca290d348b234d"  # and the race read on the rest (round 21's)
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, widen_when="saturated")}
                           ).resume_key() != "d5ca290d348b234d"  # and revision 12's widening, since round 16 not the default
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, best_of="stage")}

@@ -22,7 +22,8 @@ COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_ra
           "checked_screen": "olivedrab", "checked_halfrace": "deepskyblue", "checked_stalled": "darkcyan",
           "checked_rev12": "orchid", "checked_noharm": "chocolate",
           "checked_half16": "steelblue", "checked_seq": "mediumseagreen",
-          "checked_rev16": "slategray", "checked_unres": "firebrick"}
+          "checked_rev16": "slategray", "checked_unres": "firebrick",
+          "checked_raceread": "darkgoldenrod"}
 _SPARE = ("lime", "teal", "magenta", "sienna", "slateblue", "darkgreen", "crimson", "peru")
 
 

@@ -93,7 +93,11 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # the round 20 candidate (docs/demo.md): revision 19, a race unresolved at
                                        # its last look going on with the fallback
                                        "checked_unres": {"check": {"enabled": True, "race_length": "sequential",
-                                                                   "race_unresolved": "fallback"}}}
+                                                                   "race_unresolved": "fallback"}},
+                                       # the round 21 candidate (docs/demo.md): revision 19, the race read on every
+                                       # validation prompt not held out to confirm a fall
+                                       "checked_raceread": {"check": {"enabled": True, "race_length": "sequential",
+                                                                      "race_sample": "rest"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -192,7 +192,7 @@ class Stage(BaseModel):
     subset_url: str | None = Field(default=None, description="GET this for the stage's verl parquet")
     checks: dict | None = Field(default=None, description="the stage's checks of its own effect on the validation "
                                 "sets: each check's objective, SE, margin and action, a race's lead and whether its SE "
-                                "resolves it (race_lead; with check.race_length: sequential the lead at half a part, race_first_look, and where it was not resolved each arm's other half, race_on; with check.race_unresolved: fallback a race that could not tell its arms apart, race_unresolved: the arm that went on, the higher reading's arm and lead), with check.widen_check: race each widening race (widen_races: the "
+                                "resolves it (race_lead; with check.race_length: sequential the lead at half a part, race_first_look, and where it was not resolved each arm's other half, race_on; with check.race_unresolved: fallback a race that could not tell its arms apart, race_unresolved: the arm that went on, the higher reading's arm and lead; with check.race_sample: rest each race entry's reading on every validation prompt not held out to confirm a fall, race_values, race_objective, race_draws), with check.widen_check: race each widening race (widen_races: the "
                                 "current and doubled fraction, the winner, its lead), with check.widen_when: stalled a saturated "
                                 "part's rise over the best and whether it is resolved (rising), with check.widened: no_harm "
                                 "how many pool prompts of negative gain a widened subset left out (negative), the stage's case(s), or why "

@@ -159,7 +159,8 @@ class CurriculumConfig(ScoringSettings):
         doc["projection"] = self.projection.recorded()  # no factor fields unless the kind is factored
         # added later: curricula started before keep their key
         later = ("confirm_on", "at_whole_pool", "best_of", "test", "rerace", "refresh", "widened", "sizing",
-                 "saturation_reference", "widen_check", "screen", "race_length", "widen_when", "race_unresolved")
+                 "saturation_reference", "widen_check", "screen", "race_length", "widen_when", "race_unresolved",
+                 "race_sample")
         for name in later:
             if doc["check"][name] == getattr(CheckOptions(), name) and name not in named:
                 doc["check"].pop(name)

@@ -108,6 +108,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
             "rollouts": trainer.options.rollouts, "widened": opts.widened, "sizing": opts.sizing,
             "widen_check": opts.widen_check, "screen_z": round(chk.screen_z(opts, len(steps)), 6),
             "race_length": opts.race_length, "widen_when": opts.widen_when, "race_unresolved": opts.race_unresolved,
+            "race_sample": opts.race_sample,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
@@ -158,15 +159,34 @@ class _Stage:
                  and "reversed" in (previous["cases"] or []))
         self.races = (self.opts.race and (m == 0 or again) and self.arms[0] != self.arms[1]
                       and len(self.plan["steps"]) >= 2 and self._begins_with(previous)[1] < 1)
-        self.sample, held_out = chk.ValidationSample.draw_pair(
-            {n: load_prompts(p) for n, p in config.validation.items()}, self.plan["prompts_per_set"], config.seed,
-            self.plan["samples"])
+        sets = {n: load_prompts(p) for n, p in config.validation.items()}
+        self.sample, held_out = chk.ValidationSample.draw_pair(sets, self.plan["prompts_per_set"], config.seed,
+                                                               self.plan["samples"])
         self.confirm_sample = held_out if self.opts.confirm_on == "held_out_prompts" else self.sample
+        self.race_sample = self._race_sample(sets, held_out) if self.races else None
         options = trainer.options
         self.sampling = {"reward": config.reward, "temperature": options.temperature,
                          "max_new_tokens": options.max_new_tokens}
 
     # ------------------------------------------------------------------ steps of the stage
+
+    def _race_sample(self, sets: dict, held_out: chk.ValidationSample) -> chk.ValidationSample | None:
+        """What the race's arms are read on beside the check's sample (None: the check's sample alone). With
+        ``race_sample: rest`` (read from the plan: a stage planned before the option resumes as it began), every
+        prompt of each set but the confirmation sample's, at the most draws a prompt whose generations stay within
+        what the race's second half trains one arm on (its steps x prompts a step x rollouts), at least the
+        check's: the reading costs no more than the half part it saves when it resolves."""
+        if self.plan.get("race_sample", "check") != "rest":
+            return None
+        kept = set() if self.confirm_sample is self.sample else {(n, r.prompt_id) for n, recs in
+                                                                 held_out.records.items() for r in recs}
+        rest = {n: [r for r in sorted(recs, key=lambda r: r.prompt_id) if (n, r.prompt_id) not in kept]
+                for n, recs in sets.items()}
+        whole = min(self.plan["steps"][0], self.config.steps_per_stage // 2)
+        half = whole - max(1, whole // 2) if self._race_length() == "sequential" else whole
+        budget = max(1, half) * getattr(self.trainer.options, "batch_prompts", 1) * self.plan["rollouts"]
+        draws = chk.race_draws(budget, sum(len(v) for v in rest.values()), self.plan["samples"])
+        return chk.ValidationSample(rest, self.config.seed, draws)
 
     def _previous_end(self) -> dict | None:
         """The previous stage's check ``end`` (None at stage 0 or after an unchecked stage)."""
@@ -255,22 +275,22 @@ class _Stage:
         for arm in self.arms[len(entries):]:
             entry = self._train(0, arm, start["fraction"], start["checkpoint"], start["spent"], tag=f"race-{arm}",
                                 steps=steps)
-            entries.append(entry)
+            entries.append(self._race_read(entry))
             self.state.save()
         legs, halves = entries, None
         if self._race_length() == "sequential" and whole > steps:
             if "race_first_look" not in self.record:  # the decision to go on, saved before either arm does
-                self.record["race_first_look"] = self._lead(*self._ranked(entries))
+                self.record["race_first_look"] = self._race_lead(*self._ranked(entries))
                 self.state.save()
             if not self.record["race_first_look"]["resolved"]:
                 legs = self.record.setdefault("race_on", [])  # each arm's other half, in the arms' order
                 for e in entries[len(legs):]:
-                    legs.append(self._train(0, e["arm"], e["fraction"], e["checkpoint"], start["spent"],
-                                            tag=f"race-{e['arm']}-on", steps=whole - steps, seed_part=_RACE_ON)
-                                | {"leg": "on"})
+                    legs.append(self._race_read(self._train(0, e["arm"], e["fraction"], e["checkpoint"],
+                                                            start["spent"], tag=f"race-{e['arm']}-on",
+                                                            steps=whole - steps, seed_part=_RACE_ON) | {"leg": "on"}))
                     self.state.save()
         winner, loser = self._ranked(legs)
-        read = self._lead(winner, loser)
+        read = self._race_lead(winner, loser)
         if self.plan.get("race_unresolved", "higher") == "fallback" and winner["arm"] != self.arms[1] \
                 and not read["resolved"]:  # the race cannot tell its arms apart: the smaller downside goes on
             self.record["race_unresolved"] = {"went_on": self.arms[1], "higher": winner["arm"], "lead": read}
@@ -286,9 +306,26 @@ class _Stage:
         self.record["raced"] = True
         self._decide(dict(winner), first=True)
 
+    def _race_read(self, entry: dict) -> dict:
+        """A race entry with its reading on the race's own sample where it has one (``race_values``,
+        ``race_objective``; the seconds counted in the entry's checks); its ``values`` stay the check sample's,
+        what every later check and the best checkpoint compare with."""
+        if self.race_sample is not None:
+            values, seconds = self._measure(entry["checkpoint"], sample=self.race_sample)
+            entry |= {"race_values": chk.as_lists(values), "race_objective": round(chk.objective(values), 6),
+                      "race_draws": self.race_sample.samples, "check_s": round(entry["check_s"] + seconds, 3)}
+        return entry
+
+    def _race_lead(self, higher: dict, lower: dict) -> dict:
+        """``chk.race_lead`` of a race's entries on what the race read: its own sample where it has one."""
+        key = "race_values" if "race_values" in higher and "race_values" in lower else "values"
+        return chk.race_lead(chk.from_lists(higher[key]), chk.from_lists(lower[key]), self.opts.alpha,
+                             self.plan.get("test", "normal"))
+
     def _ranked(self, entries: list[dict]) -> tuple[dict, dict]:
-        """A race's two entries as (the higher objective, the other); a tie to the primary."""
-        winner = max(entries, key=lambda e: (e["objective"], e["arm"] == self.arms[0]))
+        """A race's two entries as (the higher objective, the other, on what the race read); a tie to the
+        primary."""
+        winner = max(entries, key=lambda e: (e.get("race_objective", e["objective"]), e["arm"] == self.arms[0]))
         return winner, next(e for e in entries if e is not winner)
 
     def _race_length(self) -> str:

@@ -129,7 +129,8 @@ def check_summary(stage: dict) -> dict:
         fresh = e.get("confirm")  # and with widen_when: stalled a saturated part's rise and whether it is resolved
         return ({k: e.get(k) for k in keys} | ({"confirm": {k: fresh.get(k) for k in fresh_keys}} if fresh else {})
                 | ({"rising": e["rising"]} if e.get("rising") else {})
-                | ({"negative": e["negative"]} if e.get("negative") is not None else {}))
+                | ({"negative": e["negative"]} if e.get("negative") is not None else {})
+                | ({k: e[k] for k in ("race_objective", "race_draws")} if "race_objective" in e else {}))
 
     return {"checked": True, "plan": {k: v for k, v in record.get("plan", {}).items() if k != "variance"},
             "start": {"arm": start.get("arm"), "fraction": start.get("fraction"), "objective": start.get("objective"),
