@@ -268,7 +268,8 @@ def test_a_curriculum_that_named_todays_default_before_it_was_the_default_resume
     with another config" (round 20 met this resuming round 19's runs). Keys computed by that code: at 87c94ae
     (before revision 19) naming race_length sequential, and at ddfb16b~1 (before revision 16) naming widen_when
     stalled. Both resume today's config, which holds both at their default; another config's key (race_length
-    half at ddfb16b~1) does not, and a config that changed one of them resumes neither."""
+    half at ddfb16b~1) does not, and a config that changed one of them resumes neither. So does one named
+    ``race_sample: rest`` at ecbe0d1, before revision 22."""
     from cropi.pipeline.curriculum.state import CurriculumPaths, StageState
 
     cfg = CurriculumConfig.model_validate(dict(
@@ -277,8 +278,9 @@ def test_a_curriculum_that_named_todays_default_before_it_was_the_default_resume
                                              backend_options={"max_batch_rows": 8}),
         projection=dict(kind="sjlt", dim=64, kept_fraction=0.1), gradient_dtype="float32"))
     keys = cfg.resume_keys()
-    assert cfg.resume_key() == "33b13f976f82e4b9" and len(keys) == 2 ** 5  # every option of CHANGED_DEFAULTS
+    assert cfg.resume_key() == "33b13f976f82e4b9" and len(keys) == 2 ** 6  # every option of CHANGED_DEFAULTS
     assert {"01b5f63c8b4d4c64", "1f08a154b0ea6b4f"} <= keys and "ae5c09f0f29e2398" not in keys
+    assert "067642699839bacc" in keys  # at ecbe0d1 (before revision 22) naming race_sample rest (round 21's runs)
     part = cfg.model_copy(update={"check": CheckOptions(race_length="part")})
     assert not {"01b5f63c8b4d4c64", "33b13f976f82e4b9"} & part.resume_keys()
     paths = CurriculumPaths(tmp_path, "pinned")
@@ -335,8 +337,10 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
                           ).resume_key() != "d5ca290d348b234d"  # and revision 16's whole-part race, since round 19
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_unresolved="fallback")}
                           ).resume_key() != "d5ca290d348b234d"  # and the fallback where a race cannot tell (round 20's)
-    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_sample="rest")}
-                          ).resume_key() != "d5ca290d348b234d"  # and the race read on the rest (round 21's)
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_sample="check")}
+                          ).resume_key() != "d5ca290d348b234d"  # and revision 19's race on the check's sample, since
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_sample="rest")}  # round 22
+                          ).resume_key() == "d5ca290d348b234d"  # the default, unnamed in the key
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, widen_when="saturated")}
                           ).resume_key() != "d5ca290d348b234d"  # and revision 12's widening, since round 16 not the default
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, best_of="stage")}

@@ -94,10 +94,12 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # its last look going on with the fallback
                                        "checked_unres": {"check": {"enabled": True, "race_length": "sequential",
                                                                    "race_unresolved": "fallback"}},
-                                       # the round 21 candidate (docs/demo.md): revision 19, the race read on every
-                                       # validation prompt not held out to confirm a fall
+                                       # the round 21 candidate, the default since round 22 (revision 22): the race
+                                       # read on every validation prompt not held out to confirm a fall
                                        "checked_raceread": {"check": {"enabled": True, "race_length": "sequential",
-                                                                      "race_sample": "rest"}}}
+                                                                      "race_sample": "rest"}},
+                                       # revision 19, the default before round 22: the race read on the check's sample
+                                       "checked_rev19": {"check": {"enabled": True, "race_sample": "check"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -90,12 +90,13 @@ class CheckOptions(BaseModel):
                               "the other unresolved at alpha: the higher reading (higher: revisions 8-19), or the "
                               "fallback, the arm of the smaller downside, where the race cannot tell its arms apart "
                               "(fallback: the round 20 candidate, docs/demo.md)")
-    race_sample: Literal["check", "rest"] = Field(
-        "check", description="what a race's arms are read on: the check's sample, sized for a fall of resolve "
-                             "(check: revisions 8-19), or every validation prompt not held out to confirm a fall, at "
-                             "the most draws a prompt whose generations stay within what the race's second half "
-                             "trains one arm on, at least the check's (rest: the round 21 candidate, docs/demo.md; a "
-                             "race's leads are a fifth to a half of a fall, and its first looks mostly unresolved)")
+    race_sample: Literal["rest", "check"] = Field(
+        "rest", description="what a race's arms are read on: every validation prompt not held out to confirm a "
+                            "fall, at the most draws a prompt whose generations stay within what the race's second "
+                            "half trains one arm on, at least the check's (rest: issue 32's revision 22, docs/demo.md "
+                            "rounds 21-22; a race's leads are a fifth to a half of a fall, and on the check's sample "
+                            "its first looks were mostly unresolved), or the check's sample, sized for a fall of "
+                            "resolve (check: revisions 8-19)")
     rerace: Literal["after_reversal", "never"] = Field(
         "after_reversal", description="a stage after one with a confirmed reversal begins with the race stage 0 "
                                       "runs (after_reversal: that fall measured one stage's subset, the next stage "
