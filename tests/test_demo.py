@@ -385,11 +385,12 @@ def _check_report(out, quick: DemoSettings, methods) -> dict:
                     [r for r in record["race"] if r["race"] == "won"] if record.get("race_on") else [])
                 assert sum(p["steps"] for p in record["parts"] + race) == quick.steps_per_stage
                 assert all(p["action"] for p in record["parts"]) and (m != "0" or len(record["race"]) == 2)
-                if len(record["race"]) == 2:  # the race's lead, paired on the validation sample, and its noise
-                    won, lost = sorted(record.get("race_on") or record["race"], key=lambda r: r["race"] == "won",
-                                       reverse=True)
+                if len(record["race"]) == 2:  # the race's lead, paired on what the race read (revision 22: every
+                    won, lost = sorted(record.get("race_on") or record["race"],  # validation prompt not held out
+                                       key=lambda r: r["race"] == "won", reverse=True)  # to confirm), and its noise
                     lead = record["race_lead"]
-                    assert lead["lead"] == pytest.approx(won["objective"] - lost["objective"], abs=2e-6)
+                    assert won["race_draws"] >= record["plan"]["samples"] and "race_objective" in lost
+                    assert lead["lead"] == pytest.approx(won["race_objective"] - lost["race_objective"], abs=2e-6)
                     assert lead["se"] >= 0 and lead["resolved"] == (lead["lead"] > lead["critical"] * lead["se"])
         md = (out / "report.md").read_text()
         assert "The races" in md and "first look (lead / SE)" in md
