@@ -57,7 +57,8 @@ def race(report: dict, arms: tuple[str, ...], step: int = RACE_STEP) -> dict | N
 
 
 def checked_races(report: dict, method: str = "checked") -> dict:
-    """Per seed, the stage-0 race the checked run took: the winner, the loser and the winner's lead; with its
+    """Per seed, the stage-0 race the checked run took: the winner, the loser and the winner's lead (on the race's
+    own reading where it has one, ``race_objective``); with its
     paired SE and whether it is resolved where the report's checks carry the race's ``race_lead`` (reports
     before it hold only the arms' objectives: benchmarks/race_noise.py reads the SE from the runs' records)."""
     out = {}
@@ -67,7 +68,9 @@ def checked_races(report: dict, method: str = "checked") -> dict:
         if sides is None:
             continue
         won, lost = sides
-        out[seed] = {"won": won["arm"], "lost": lost["arm"], "lead": round(won["objective"] - lost["objective"], 4)}
+        read = "race_objective" if "race_objective" in won and "race_objective" in lost else "objective"
+        out[seed] = {"won": won["arm"], "lost": lost["arm"],  # on what the race read (revision 22: its own sample)
+                     "lead": round(won[read] - lost[read], 4)}
         noise = rec.get("race_lead")
         if noise:
             out[seed] |= {k: noise[k] for k in ("se", "df", "critical", "resolved")}

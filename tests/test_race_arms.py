@@ -40,13 +40,15 @@ def test_the_race_picks_the_higher_reading_at_its_step_and_pays_each_losers_part
 
 
 def test_the_checked_races_lead_and_its_recorded_noise(tmp_path):
-    """The lead is the winner's objective minus the loser's; its SE and verdict come from the stage's ``race_lead``
+    """The lead is the winner's objective minus the loser's (on the race's own reading where it has one); its SE and verdict come from the stage's ``race_lead``
     where the report has one, and are absent (not the winner's part SE, which is not the lead's) where it has not."""
     report = _report({"cropi": {"0": [0.1] * 5, "1": [0.1] * 5}})
     race = [{"arm": "cropi", "objective": 0.30, "race": "lost"}, {"arm": "diverse", "objective": 0.36, "race": "won"}]
     noise = {"lead": 0.06, "se": 0.04, "df": 30.0, "critical": 1.6973, "alpha": 0.05, "resolved": False}
+    read = [e | {"race_objective": e["objective"] + (0.1 if e["race"] == "won" else 0.0)} for e in race]
     report["checks"] = {"checked": {"0": {"0": {"race": race, "race_lead": noise, "parts": [{"se": 0.03}]}},
-                                    "1": {"0": {"race": race, "parts": [{"se": 0.03}]}}}}
+                                    "1": {"0": {"race": race, "parts": [{"se": 0.03}]}},
+                                    "2": {"0": {"race": read, "parts": [{"se": 0.03}]}}}}
     path = tmp_path / "r.json"
     path.write_text(json.dumps(report))
     out = arms.main(["--report", f"t={path}", "--out", str(tmp_path)])
@@ -54,4 +56,5 @@ def test_the_checked_races_lead_and_its_recorded_noise(tmp_path):
     assert races["0"]["won"] == "diverse" and abs(races["0"]["lead"] - 0.06) < 1e-9
     assert races["0"]["se"] == 0.04 and races["0"]["resolved"] is False
     assert "se" not in races["1"] and abs(races["1"]["lead"] - 0.06) < 1e-9
+    assert abs(races["2"]["lead"] - 0.16) < 1e-9  # revision 22's race decided on its own reading
     assert json.loads((tmp_path / "race_arms.json").read_text()) == out

@@ -60,7 +60,9 @@ def checks_plot(path: Path, records: dict) -> str:
     reading did not confirm (kept), a square a fall at the whole pool (kept: no fallback), a triangle a
     widening (at once, or a widening race the doubled fraction won). A race's loser is a hollow circle at its
     step, joined to the winner by a solid line where the lead is resolved (``race_lead``) and a dotted one where
-    it is not: the arms' race at the stage's first part, a widening race at the part it stands for."""
+    it is not: the arms' race at the stage's first part, a widening race at the part it stands for. The arms are
+    drawn at their check-sample readings, the curve's scale; revision 22's race decides on its own wider reading
+    (``race_objective``), so a loser can sit above its winner here."""
     import matplotlib.pyplot as plt
 
     from cropi.pipeline.curriculum.state import race_sides
