@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_json  # noqa: E402
+from common import report_pairs, write_json  # noqa: E402
 
 
 def binding(pairs: dict[str, tuple[dict, dict]], new: str, old: str, mark: str) -> dict:
@@ -47,12 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--mark", required=True, help="the stage record's key the rule writes where it binds")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    pairs = {}
-    for item in args.task:
-        task, _, paths = item.partition("=")
-        new_path, _, old_path = paths.partition(":")
-        pairs[task] = (json.loads(Path(new_path).read_text()), json.loads(Path(old_path).read_text()))
-    out = binding(pairs, args.new, args.old, args.mark)
+    out = binding(report_pairs(args.task), args.new, args.old, args.mark)
     write_json(args.out, "binding.json", out)
     print(json.dumps({k: out[k] for k in ("bound", "not_bound_but_different", "full_equal")}))
     return out

@@ -135,6 +135,16 @@ def report_items(items: list[str]) -> list[tuple[str, dict]]:
     return [(task, json.loads(Path(path).read_text())) for task, path in (item.split("=", 1) for item in items)]
 
 
+def report_pairs(items: list[str]) -> dict[str, tuple[dict, dict]]:
+    """``TASK=new/report.json:old/report.json`` items (a comparing script's ``--task``): task -> (new, old)."""
+    pairs = {}
+    for item in items:
+        task, _, paths = item.partition("=")
+        new, _, old = paths.partition(":")
+        pairs[task] = (json.loads(Path(new).read_text()), json.loads(Path(old).read_text()))
+    return pairs
+
+
 def task_reports(items: list[str]) -> dict[str, dict]:
     """``report_items`` as task -> the report."""
     return dict(report_items(items))

@@ -10,13 +10,12 @@ should be equal; where they differ, the AUC change is the rule's.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cmdline import command_line  # noqa: E402
-from common import emit  # noqa: E402
+from common import emit, report_pairs  # noqa: E402
 
 
 def races(report: dict, method: str, seed: str) -> list[dict]:
@@ -55,11 +54,7 @@ def main() -> None:
     ap.add_argument("--old", required=True)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    tasks = {}
-    for item in args.task:
-        name, _, paths = item.partition("=")
-        new, old = paths.split(":")
-        tasks[name] = compare(json.loads(Path(new).read_text()), json.loads(Path(old).read_text()), args.new, args.old)
+    tasks = {name: compare(new, old, args.new, args.old) for name, (new, old) in report_pairs(args.task).items()}
     runs = [r for t in tasks.values() for r in t.values()]
     firsts = lambda side: [x["first_look_resolved"] for r in runs for x in r[side] if x["stage"] == 0]  # noqa: E731
     summary = {"runs": len(runs), "same_picks_and_looks": sum(r["same_picks_and_looks"] for r in runs),

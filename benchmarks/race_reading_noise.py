@@ -38,9 +38,7 @@ STREAMS = ("", "noise-1", "noise-2")
 def layouts(sets: dict, plan: dict, seed: int) -> dict[str, chk.ValidationSample]:
     """The check's sample, the rest of each set beside its confirmation sample, and both at 4x the draws."""
     check, confirm = chk.ValidationSample.draw_pair(sets, plan["prompts_per_set"], seed, plan["samples"])
-    held = {name: {r.prompt_id for r in recs} for name, recs in confirm.records.items()}
-    rest = {name: [r for r in sorted(recs, key=lambda r: r.prompt_id) if r.prompt_id not in held[name]]
-            for name, recs in sets.items()}
+    rest = chk.ValidationSample.beside(sets, confirm, seed, plan["samples"]).records
     k = plan["samples"]
     return {"check": check, "check_x4": chk.ValidationSample(check.records, seed, 4 * k),
             "rest": chk.ValidationSample(rest, seed, k), "rest_x4": chk.ValidationSample(rest, seed, 4 * k)}

@@ -404,6 +404,15 @@ class ValidationSample:
             held_out[name] = random.Random(f"cropi.check.confirm:{seed}:{name}").sample(rest, min(n, len(rest)))
         return check, cls(held_out, seed, samples)
 
+    @classmethod
+    def beside(cls, sets: Mapping[str, list], held_out: "ValidationSample | None", seed: int,
+               samples: int) -> "ValidationSample":
+        """Every prompt of each set but ``held_out``'s (all of them where it is None), in prompt-id order: what a
+        race reads under ``race_sample: rest``, the check's sample among them."""
+        kept = {(n, r.prompt_id) for n, recs in (held_out.records.items() if held_out else ()) for r in recs}
+        return cls({n: [r for r in sorted(recs, key=lambda r: r.prompt_id) if (n, r.prompt_id) not in kept]
+                    for n, recs in sets.items()}, seed, samples)
+
     def size(self) -> dict[str, int]:
         return {k: len(v) for k, v in self.records.items()}
 

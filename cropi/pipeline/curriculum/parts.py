@@ -178,15 +178,13 @@ class _Stage:
         check's: the reading costs no more than the half part it saves when it resolves."""
         if self.plan.get("race_sample", "check") != "rest":
             return None
-        kept = set() if self.confirm_sample is self.sample else {(n, r.prompt_id) for n, recs in
-                                                                 held_out.records.items() for r in recs}
-        rest = {n: [r for r in sorted(recs, key=lambda r: r.prompt_id) if (n, r.prompt_id) not in kept]
-                for n, recs in sets.items()}
-        whole = min(self.plan["steps"][0], self.config.steps_per_stage // 2)
-        half = whole - max(1, whole // 2) if self._race_length() == "sequential" else whole
+        rest = chk.ValidationSample.beside(sets, None if self.confirm_sample is self.sample else held_out,
+                                           self.config.seed, self.plan["samples"])
+        whole, first = self._race_steps()
+        half = whole - first if self._race_length() == "sequential" else whole
         budget = max(1, half) * getattr(self.trainer.options, "batch_prompts", 1) * self.plan["rollouts"]
-        draws = chk.race_draws(budget, sum(len(v) for v in rest.values()), self.plan["samples"])
-        return chk.ValidationSample(rest, self.config.seed, draws)
+        return chk.ValidationSample(rest.records, self.config.seed,
+                                    chk.race_draws(budget, sum(rest.size().values()), self.plan["samples"]))
 
     def _previous_end(self) -> dict | None:
         """The previous stage's check ``end`` (None at stage 0 or after an unchecked stage)."""
@@ -270,8 +268,7 @@ class _Stage:
         goes on wherever the last look's lead is not resolved at alpha (``race_unresolved`` records the reading)."""
         start = self.record["start"]
         entries = self.record.setdefault("race", [])
-        whole = min(self.plan["steps"][0], self.config.steps_per_stage // 2)
-        steps = whole if self._race_length() == "part" else max(1, whole // 2)
+        whole, steps = self._race_steps()
         for arm in self.arms[len(entries):]:
             entry = self._train(0, arm, start["fraction"], start["checkpoint"], start["spent"], tag=f"race-{arm}",
                                 steps=steps)
@@ -317,16 +314,21 @@ class _Stage:
         return entry
 
     def _race_lead(self, higher: dict, lower: dict) -> dict:
-        """``chk.race_lead`` of a race's entries on what the race read: its own sample where it has one."""
-        key = "race_values" if "race_values" in higher and "race_values" in lower else "values"
-        return chk.race_lead(chk.from_lists(higher[key]), chk.from_lists(lower[key]), self.opts.alpha,
-                             self.plan.get("test", "normal"))
+        """``_lead`` of a race's entries on what the race read: its own sample where it has one."""
+        return self._lead(higher, lower, "race_values" if "race_values" in higher and "race_values" in lower
+                          else "values")
 
     def _ranked(self, entries: list[dict]) -> tuple[dict, dict]:
         """A race's two entries as (the higher objective, the other, on what the race read); a tie to the
         primary."""
         winner = max(entries, key=lambda e: (e.get("race_objective", e["objective"]), e["arm"] == self.arms[0]))
         return winner, next(e for e in entries if e is not winner)
+
+    def _race_steps(self) -> tuple[int, int]:
+        """The arms' race's whole part and what each arm trains before its (first) look: the whole part, or half
+        of it (``race_length`` half and sequential)."""
+        whole = min(self.plan["steps"][0], self.config.steps_per_stage // 2)
+        return whole, whole if self._race_length() == "part" else max(1, whole // 2)
 
     def _race_length(self) -> str:
         """How long the arms' race trains (read from the plan: a stage planned before the option resumes as it
@@ -345,10 +347,11 @@ class _Stage:
                 spent += e["steps"]
         return self._lead(winner, loser)
 
-    def _lead(self, higher: dict, lower: dict) -> dict:
-        """``chk.race_lead`` of one entry's readings over another's, at the check's alpha and the plan's test: a
-        race's winner over its loser, and (``widen_when: stalled``) a saturated part over the best before it."""
-        return chk.race_lead(chk.from_lists(higher["values"]), chk.from_lists(lower["values"]), self.opts.alpha,
+    def _lead(self, higher: dict, lower: dict, key: str = "values") -> dict:
+        """``chk.race_lead`` of one entry's readings (``key``) over another's, at the check's alpha and the plan's
+        test: a race's winner over its loser, and (``widen_when: stalled``) a saturated part over the best before
+        it."""
+        return chk.race_lead(chk.from_lists(higher[key]), chk.from_lists(lower[key]), self.opts.alpha,
                              self.plan.get("test", "normal"))
 
     def remaining(self) -> int:
