@@ -7,7 +7,9 @@ and ``within`` counts the tasks where the method is within ``--within`` (the iss
 cropi, diverse, informative and full are all compared, ``auc_goals`` says per task whether each other method meets
 issue 32's two AUC goals (at least ``max(full, informative)``; at least ``max(cropi, diverse) - within``), and
 for each goal how far the method is from its bar against the seeds' noise (``noise``; ``missed_beyond_noise``
-counts the misses beyond Student's one-sided 5%).
+counts the misses beyond Student's one-sided 5%), and ``steps_goals`` whether it meets the steps goal (at least
+``STEPS_GOAL`` x full's steps to 90% of full's gain on every task where ``cropi`` or ``diverse`` reaches that; the
+reports' ``acceleration_by_method`` means over seeds, a censored seed's bound counted as the report counts it).
 
     python benchmarks/heldout_regret.py --report pair=PATH/report.json --report skewed=... [--within 0.02] \\
         [--methods checked,cropi,diverse,informative,full] [--source TEXT] --out DIR
@@ -30,12 +32,13 @@ from common import emit, report_items  # noqa: E402
 METHODS = ("checked", "cropi", "diverse", "informative", "full")  # the default and the four it must answer to
 
 
-def task_aucs(items: list[str]) -> dict[str, dict[str, dict]]:
-    """``TASK=path/to/report.json`` items: task -> method -> the report's ``auc_by_method`` entry, every report
-    given for a task contributing its methods, the first given where two hold the same method."""
+def task_aucs(items: list[str], key: str = "auc_by_method") -> dict[str, dict[str, dict]]:
+    """``TASK=path/to/report.json`` items: task -> method -> the report's ``key`` entry (``auc_by_method``, or
+    ``acceleration_by_method``), every report given for a task contributing its methods, the first given where two
+    hold the same method."""
     out: dict[str, dict[str, dict]] = {}
     for task, report in report_items(items):
-        for method, entry in report["auc_by_method"].items():
+        for method, entry in report.get(key, {}).items():
             out.setdefault(task, {}).setdefault(method, entry)
     return out
 
@@ -109,6 +112,31 @@ def auc_goals(aucs: dict[str, dict[str, dict]], methods: tuple[str, ...], within
     return out
 
 
+STEPS_GOAL = 1.5  # issue 32: steps to 90% of full's gain, as a multiple of full's speed
+STEPS_RULES = ("cropi", "diverse")  # the goal holds on a task where one of these reaches it
+
+
+def steps_goals(steps: dict[str, dict[str, dict]], methods: tuple[str, ...]) -> dict | None:
+    """Issue 32's steps goal for every compared method but the four references: per task the method's mean
+    acceleration, the larger of ``cropi``'s and ``diverse``'s, whether the goal applies (that one reaches
+    ``STEPS_GOAL``) and whether the method meets it there; per method the count of tasks where it applies and where
+    it is met. None unless the reports hold both rules' accelerations on every task."""
+    if any(not set(STEPS_RULES) <= set(by) for by in steps.values()) or not steps:
+        return None
+    out = {}
+    for m in (m for m in methods if m not in GOAL_REFERENCES):
+        per = {}
+        for task, by in steps.items():
+            rules = max(by[r]["mean"] for r in STEPS_RULES)
+            applies = rules >= STEPS_GOAL
+            per[task] = {"value": round(by[m]["mean"], 3), "rules": round(rules, 3), "applies": applies,
+                         "met": (by[m]["mean"] >= STEPS_GOAL) if applies else None}
+        out[m] = {"goal": STEPS_GOAL, "tasks": per, "applies": sum(t["applies"] for t in per.values()),
+                  "met": sum(bool(t["met"]) for t in per.values()),
+                  "missed": sorted(t for t, v in per.items() if v["met"] is False), "of": len(per)}
+    return out
+
+
 NOISE_LEVEL = 0.05  # one-sided: a miss read as beyond the seeds' noise
 
 
@@ -177,6 +205,9 @@ def main(argv: list[str] | None = None) -> dict:
     goals = auc_goals(aucs, methods, args.within)
     if goals:
         result["auc_goals"] = goals
+    steps = steps_goals(task_aucs(args.report, "acceleration_by_method"), methods)
+    if steps:
+        result["steps_goals"] = steps
     emit(args.out, "heldout_regret.json", result, "summary")
     if args.out:  # emit made the folder
         plot(args.out / "heldout_regret.png", tasks, methods, args.within)

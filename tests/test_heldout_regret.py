@@ -191,3 +191,32 @@ def test_binding_marks_where_a_rule_bound_and_flags_a_changed_run_it_did_not_bin
     assert rows["1"]["bound"] is None and rows["1"]["equal_to_old"] is True
     assert out["bound"] == 1 and out["not_bound_but_different"] == [["t", "2"]]
     assert out["full_equal"] == {"t": False} and rows["0"]["auc"] - rows["0"]["auc_old"] == pytest.approx(0.05)
+
+
+def _steps_report(tmp_path: Path, task: str, aucs: dict, steps: dict) -> str:
+    path = tmp_path / f"{task}.json"
+    path.write_text(json.dumps({"auc_by_method": {m: {"mean": v, "per_seed": {"0": v}} for m, v in aucs.items()},
+                                "acceleration_by_method": {m: {"mean": v} for m, v in steps.items()}}))
+    return f"{task}={path}"
+
+
+def test_the_steps_goal_applies_where_a_rule_reaches_it_and_is_met_at_the_bar(tmp_path):
+    """Issue 32: at least 1.5x full's steps to 90% on every task where cropi or diverse reaches 1.5x. ``a``: diverse
+    reaches it exactly (applies) and the default equals the bar (met: "at least"); ``b``: cropi reaches it and the
+    default is a hair under (missed); ``c``: neither rule reaches it (the goal does not apply, whatever the default
+    reads); a goal read from the wrong rule, a strict comparison or a missed task would each count differently."""
+    aucs = {m: 0.3 for m in ("checked", "cropi", "diverse", "informative", "full")}
+    a = _steps_report(tmp_path, "a", aucs, {"checked": 1.5, "cropi": 0.9, "diverse": 1.5, "informative": 3.0,
+                                            "full": 1.0})
+    b = _steps_report(tmp_path, "b", aucs, {"checked": 1.499, "cropi": 2.0, "diverse": 1.2, "informative": 1.0,
+                                            "full": 1.0})
+    c = _steps_report(tmp_path, "c", aucs, {"checked": 0.5, "cropi": 1.49, "diverse": 1.1, "informative": 9.0,
+                                            "full": 1.0})
+    out = regret.main(["--report", a, "--report", b, "--report", c])
+    g = out["steps_goals"]["checked"]
+    assert [g["tasks"][t]["applies"] for t in "abc"] == [True, True, False]
+    assert [g["tasks"][t]["met"] for t in "abc"] == [True, False, None]
+    assert g["tasks"]["b"]["rules"] == 2.0
+    assert (g["applies"], g["met"], g["missed"], g["of"]) == (2, 1, ["b"], 3)
+    # reports without accelerations (as the AUC-only ones above): no steps goals, not an error
+    assert "steps_goals" not in regret.main(["--report", _report(tmp_path, "d", aucs)])
