@@ -88,3 +88,16 @@ SKILLS_RARE_MOD = remix("skills_rare_mod", ("mod",), {"mod": 0.05, **{s: 0.19 fo
 SKILLS_AMID_MAXD = remix("skills_amid_maxd", ("maxd",),
                          {"maxd": 0.05, "mind": 0.5, **{s: 0.1125 for s in ("count", "pos", "mod", "lastmul")}},
                          "maxd, a twentieth of a pool half of which is mind, its mirror rule", base=skills)
+# Fresh held-out readings of revision 22 (docs/demo.md, "Fresh held-out readings of revision 22"; committed with
+# their design, before any run on them): regimes and skill pairs no revision was chosen on.
+SKILLS_PAIR = remix("skills_pair", ("count", "pos"), {s: 1 / 6 for s in skills.SKILLS},
+                    "count and pos, a uniform skills pool", base=skills)
+SKILLS_HALF_LASTMUL = remix("skills_half_lastmul", ("lastmul",),
+                            {"lastmul": 0.5, **{s: 0.1 for s in ("count", "maxd", "mind", "pos", "mod")}},
+                            "lastmul, half the skills pool", base=skills)
+MAX_AMID_MIN = remix("max_amid_min", ("max",), {"max": 0.05, "min": 0.5, **{s: 0.1125 for s in
+                                                                            ("after", "before", "above", "nth")}},
+                     "max, a twentieth of a pool half of which is min, its opposite")
+RARE_ABOVE_BEFORE = remix("rare_above_before", ("above", "before"),
+                          {"above": 0.04, "before": 0.04, **{s: 0.23 for s in ("max", "min", "after", "nth")}},
+                          "above and before, 4% of the pool each")
