@@ -92,9 +92,10 @@ SKILLS_AMID_MAXD = remix("skills_amid_maxd", ("maxd",),
 # their design, before any run on them): regimes and skill pairs no revision was chosen on.
 SKILLS_PAIR = remix("skills_pair", ("count", "pos"), {s: 1 / 6 for s in skills.SKILLS},
                     "count and pos, a uniform skills pool", base=skills)
-SKILLS_HALF_LASTMUL = remix("skills_half_lastmul", ("lastmul",),
-                            {"lastmul": 0.5, **{s: 0.1 for s in ("count", "maxd", "mind", "pos", "mod")}},
-                            "lastmul, half the skills pool", base=skills)
+# (first `lastmul` half the pool: its level-1 problems run out there, so the data phase stopped before any run)
+SKILLS_HALF_MIND = remix("skills_half_mind", ("mind",),
+                         {"mind": 0.5, **{s: 0.1 for s in ("count", "maxd", "pos", "mod", "lastmul")}},
+                         "mind, half the skills pool", base=skills)
 MAX_AMID_MIN = remix("max_amid_min", ("max",), {"max": 0.05, "min": 0.5, **{s: 0.1125 for s in
                                                                             ("after", "before", "above", "nth")}},
                      "max, a twentieth of a pool half of which is min, its opposite")
