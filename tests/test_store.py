@@ -638,6 +638,54 @@ def test_prompts_are_all_or_nothing_when_a_commit_fails(tmp_path, monkeypatch):
     assert [f.name for f in (tmp_path / "shards").iterdir()] == ["w0-000001.parquet"]
 
 
+def _writers(tmp_path):
+    """Each buffering writer (cropi.store.sharded.BufferedWriter) with a way to buffer one item and to list what
+    its store has committed."""
+    store = TrajectoryStore.create_or_open(str(tmp_path / "traj"), TRAJ_IDENTITY)
+    split = open_split(tmp_path / "grads")
+    return [("trajectories", lambda: store.writer("w0", prompts_per_shard=8),
+             lambda w, pid: w.commit_prompt_rows(traj_rows(pid)), store.committed_prompt_ids),
+            ("gradients", lambda: split.writer("w0", rows_per_shard=8),
+             lambda w, pid: w.append(**grad_row(pid)), split.committed_prompt_ids)]
+
+
+def test_a_failing_caller_keeps_what_its_writer_buffered_and_frees_the_id(tmp_path):
+    """Buffered items are complete results: a caller that fails inside ``with writer`` still commits them, its own
+    error is what propagates, and the writer id is free for the next writer (else that one would wait on it)."""
+    for what, make, put, committed in _writers(tmp_path):
+        with pytest.raises(RuntimeError, match="caller"):
+            with make() as w:
+                put(w, "a")
+                put(w, "b")
+                assert w.buffered() == 2 and committed() == set()
+                raise RuntimeError("the caller failed")
+        assert committed() == {"a", "b"}, what
+        with make() as w:  # the id is free again
+            put(w, "c")
+        assert committed() == {"a", "b", "c"}, what
+
+
+def test_a_full_disk_while_the_caller_fails_is_logged_once_and_the_callers_error_propagates(tmp_path, monkeypatch,
+                                                                                            caplog):
+    from cropi.errors import StorageFullError
+
+    def full(self, entries):
+        raise StorageFullError("no space left on the device: free some")
+
+    for what, make, put, committed in _writers(tmp_path):
+        with monkeypatch.context() as m:
+            m.setattr(ShardWriter, "_write_commit", full)
+            caplog.clear()
+            with pytest.raises(KeyError):
+                with make() as w:
+                    put(w, "x")
+                    raise KeyError("the caller's own error")
+        warned = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert [r.getMessage() for r in warned] == [f"could not commit 1 buffered {what}: no space left on the "
+                                                    "device: free some"]
+        assert not [r for r in caplog.records if r.levelname == "ERROR"] and committed() == set()
+
+
 def test_corrupt_trajectory_rows_raise_on_read(tmp_path):
     store = TrajectoryStore.create_or_open(str(tmp_path), TRAJ_IDENTITY)
     rows = traj_rows("x", k=2)

@@ -2,33 +2,30 @@
 
 from __future__ import annotations
 
-import logging
 import operator
 import numpy as np
 import pyarrow as pa
 
-from cropi.errors import InvalidInputError, StorageFullError
-from cropi.store.sharded import ShardedDataset
+from cropi.errors import InvalidInputError
+from cropi.store.sharded import BufferedWriter, ShardedDataset
 from cropi.store.types import GRADIENT_STATUSES, GradientRecord
 
 
-log = logging.getLogger(__name__)
-
-
-class GradientWriter:
+class GradientWriter(BufferedWriter):
     """Buffers gradient rows and commits them ``rows_per_shard`` at a time (and on flush/close).
 
     Given the split's dataset, vector length and dtype (``GradientSplit.writer`` hands them over), so
     the writer needs nothing of the split's module."""
+
+    what = "gradients"
 
     def __init__(self, dataset: ShardedDataset, dim: int, dtype: str, writer_id: str, rows_per_shard: int = 64):
         if isinstance(rows_per_shard, bool) or not isinstance(rows_per_shard, int) or rows_per_shard < 1:
             raise InvalidInputError(f"rows_per_shard must be a positive integer, got {rows_per_shard!r}")
         self.dataset, self.dim, self.dtype = dataset, dim, dtype
         self.rows_per_shard = rows_per_shard
-        self._shard = dataset.writer(writer_id)
+        super().__init__(dataset.writer(writer_id))
         self._rows: list[dict] = []
-        self._closed = False
 
     def write(self, record: GradientRecord) -> None:
         """Buffer one prompt's gradient; commits a shard when the buffer is full."""
@@ -84,27 +81,8 @@ class GradientWriter:
         self._shard.commit(pa.Table.from_arrays(arrays, schema=schema))
         self._rows = []
 
-    def close(self) -> None:
-        if not self._closed:
-            try:
-                self.flush()
-            finally:
-                self._closed = True
-                self._shard.release()  # another process may write under this id now
-
-    def __enter__(self) -> "GradientWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:  # buffered rows are complete results: keep them even when the caller failed
-            self.close()
-        except StorageFullError as e:  # the caller's own error is most likely this one: said once, no traceback
-            log.warning("could not commit %d buffered gradients: %s", len(self._rows), e)
-        except Exception:
-            log.exception("could not commit buffered gradients while handling another error")
+    def buffered(self) -> int:
+        return len(self._rows)
 
 
 def _count(value, name: str) -> int:

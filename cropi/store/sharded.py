@@ -20,13 +20,15 @@ and an optional ``PartCache`` of verified parts.
 
 from __future__ import annotations
 
+import logging
 import re
+from abc import ABC, abstractmethod
 from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from cropi.errors import CorruptDataError, InvalidInputError, NotFoundError
+from cropi.errors import CorruptDataError, InvalidInputError, NotFoundError, StorageFullError
 from cropi.store import manifest as mf
 from cropi.store import shard_io
 from cropi.store.lease import WriterLease
@@ -35,6 +37,7 @@ from cropi.store.part_cache import PartCache
 from cropi.store.schema import check_table, conform
 from cropi.utils.fsio import resolve
 
+log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -261,3 +264,45 @@ class ShardWriter:
     def _write_commit(self, entries: list[dict]) -> None:
         shard_io.write_commit(self.dataset.fs, self.dataset.path, self.writer_id, entries)
 
+
+class BufferedWriter(ABC):
+    """What every buffering writer of a dataset shares: ``flush`` commits the buffer as one shard (the subclass's);
+    ``close`` flushes and releases the writer id; as a context manager it closes on the way out, and where the
+    caller failed it still commits the buffer (complete results), logging a commit that fails then instead of
+    raising over the caller's error."""
+
+    what = "rows"  # what the buffer holds, for the messages
+
+    def __init__(self, shard: ShardWriter):
+        self._shard = shard
+        self._closed = False
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Commit the buffer as one shard (nothing when it is empty)."""
+
+    @abstractmethod
+    def buffered(self) -> int:
+        """How many items wait in the buffer."""
+
+    def close(self) -> None:
+        if not self._closed:
+            try:
+                self.flush()
+            finally:
+                self._closed = True
+                self._shard.release()  # another process may write under this id now
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # buffered items are complete results: keep them even when the caller failed
+            self.close()
+        except StorageFullError as e:  # the caller's own error is most likely this one: said once, no traceback
+            log.warning("could not commit %d buffered %s: %s", self.buffered(), self.what, e)
+        except Exception:
+            log.exception("could not commit buffered %s while handling another error", self.what)

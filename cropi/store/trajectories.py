@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -17,10 +16,7 @@ import pyarrow as pa
 
 from cropi.errors import CorruptDataError, InvalidInputError, MismatchError, NotFoundError
 from cropi.store.schema import check_table
-from cropi.store.sharded import ShardedDataset
-
-log = logging.getLogger(__name__)
-
+from cropi.store.sharded import BufferedWriter, ShardedDataset
 
 def _list(t: pa.DataType) -> pa.DataType:
     return pa.list_(pa.field("item", t, nullable=False))
@@ -148,16 +144,17 @@ def _row_problem(rows: list[dict]) -> str | None:
     return None
 
 
-class TrajectoryWriter:
+class TrajectoryWriter(BufferedWriter):
     """Commits whole prompts, ``prompts_per_shard`` per shard (the rest on flush/close)."""
+
+    what = "trajectories"
 
     def __init__(self, store: TrajectoryStore, writer_id: str, prompts_per_shard: int = 32):
         if isinstance(prompts_per_shard, bool) or not isinstance(prompts_per_shard, int) or prompts_per_shard < 1:
             raise InvalidInputError(f"prompts_per_shard must be a positive integer, got {prompts_per_shard!r}")
         self.prompts_per_shard = prompts_per_shard
-        self._shard = store.dataset.writer(writer_id)
+        super().__init__(store.dataset.writer(writer_id))
         self._pending: dict[str, pa.Table] = {}
-        self._closed = False
 
     def commit_prompt_rows(self, rows: list[dict]) -> None:
         """Buffer all K rows of one prompt; any bad row rejects the whole prompt, nothing buffered."""
@@ -192,22 +189,5 @@ class TrajectoryWriter:
             self._shard.commit(pa.concat_tables(list(self._pending.values())))
             self._pending = {}
 
-    def close(self) -> None:
-        if not self._closed:
-            try:
-                self.flush()
-            finally:
-                self._closed = True
-                self._shard.release()  # another process may write under this id now
-
-    def __enter__(self) -> "TrajectoryWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:  # buffered prompts are complete: keep them even when the caller failed
-            self.close()
-        except Exception:
-            log.exception("could not commit buffered trajectories while handling another error")
+    def buffered(self) -> int:
+        return len(self._pending)
