@@ -32,7 +32,7 @@ from common import emit, report_items  # noqa: E402
 METHODS = ("checked", "cropi", "diverse", "informative", "full")  # the default and the four it must answer to
 
 
-def task_aucs(items: list[str], key: str = "auc_by_method") -> dict[str, dict[str, dict]]:
+def task_entries(items: list[str], key: str = "auc_by_method") -> dict[str, dict[str, dict]]:
     """``TASK=path/to/report.json`` items: task -> method -> the report's ``key`` entry (``auc_by_method``, or
     ``acceleration_by_method``), every report given for a task contributing its methods, the first given where two
     hold the same method."""
@@ -120,11 +120,12 @@ def steps_goals(steps: dict[str, dict[str, dict]], methods: tuple[str, ...]) -> 
     """Issue 32's steps goal for every compared method but the four references: per task the method's mean
     acceleration, the larger of ``cropi``'s and ``diverse``'s, whether the goal applies (that one reaches
     ``STEPS_GOAL``) and whether the method meets it there; per method the count of tasks where it applies and where
-    it is met. None unless the reports hold both rules' accelerations on every task."""
-    if any(not set(STEPS_RULES) <= set(by) for by in steps.values()) or not steps:
+    it is met. None unless the reports hold both rules' accelerations and the method's on every task."""
+    judged = [m for m in methods if m not in GOAL_REFERENCES]
+    if not steps or any(not {*STEPS_RULES, *judged} <= set(by) for by in steps.values()):
         return None
     out = {}
-    for m in (m for m in methods if m not in GOAL_REFERENCES):
+    for m in judged:
         per = {}
         for task, by in steps.items():
             rules = max(by[r]["mean"] for r in STEPS_RULES)
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, help="folder for heldout_regret.json")
     args = ap.parse_args(argv)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    aucs = task_aucs(args.report)
+    aucs = task_entries(args.report)
     tasks = regrets(aucs, methods)
     result = {"definition": __doc__.split("\n\n")[0].replace("\n", " "), "source": args.source, "within": args.within,
               "methods": list(methods), "tasks": tasks, "summary": summary(tasks, methods, args.within),
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
     goals = auc_goals(aucs, methods, args.within)
     if goals:
         result["auc_goals"] = goals
-    steps = steps_goals(task_aucs(args.report, "acceleration_by_method"), methods)
+    steps = steps_goals(task_entries(args.report, "acceleration_by_method"), methods)
     if steps:
         result["steps_goals"] = steps
     emit(args.out, "heldout_regret.json", result, "summary")

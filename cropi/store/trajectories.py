@@ -18,6 +18,7 @@ from cropi.errors import CorruptDataError, InvalidInputError, MismatchError, Not
 from cropi.store.schema import check_table
 from cropi.store.sharded import BufferedWriter, ShardedDataset
 
+
 def _list(t: pa.DataType) -> pa.DataType:
     return pa.list_(pa.field("item", t, nullable=False))
 
