@@ -1446,3 +1446,60 @@ def test_a_race_under_race_sample_rest_decides_on_every_prompt_not_held_to_confi
     assert race_reads == [expected, expected]  # one reading an arm, the same prompts
     assert all(set(r.prompt_id for r in check_sample.records[name]) <= set(ids) for name, ids in expected.items())
     assert drawn == [(1 * 4 * 8, sum(len(v) for v in expected.values()), 8)]
+
+
+def _noisy_fallback_race(self, checkpoint, **_):
+    """``_scripted``, the fallback's race checkpoints read with a per-prompt pattern of mean zero (+-0.05): a small
+    fall of theirs is inside the check's margin."""
+    readings, seconds = _scripted(self, checkpoint)
+    if "race-diverse" in str(checkpoint):
+        pattern = np.where(np.arange(40) % 2 == 0, 0.05, -0.05)
+        readings = {name: r + pattern for name, r in readings.items()}
+    return readings, seconds
+
+
+@pytest.mark.parametrize("case", ["falls_inside_the_margin", "falls_beyond_it", "gains"])
+def test_a_race_whose_winner_shows_no_gain_over_the_start_goes_on_at_the_whole_pool(setup, monkeypatch, case):
+    """``race_no_gain: pool`` (the round 23 candidate). Where both arms' subsets lower the targets (the primary
+    -0.01 a step, the fallback -0.005), the race still has a winner, the fallback. Read on the race's own sample
+    beside the stage's start (0.3), its gain is -0.005 a step: no gain, so it goes on at the whole pool (fraction
+    1), the record and the service's answer say why, and the stage's cases name it. Inside the check's margin
+    (its readings noisy) the winner is kept and the pool trains on from its checkpoint; beyond it (noise-free) the
+    check's own rule reverts the fall, and the pool trains from the start. Under ``keep`` (revision 22) the winner
+    goes on at the curriculum's fraction. Where the winner gains (the default trainer: +0.02 a step) the rule does
+    not act, and every part is revision 22's."""
+    records = {}
+    for rule in ("keep", "pool"):
+        trainer = PartTrainer() if case == "gains" else PartTrainer(step=-0.01, fallback_drop=0.005)
+        monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: trainer)
+        monkeypatch.setattr(chk.ValidationSample, "measure",
+                            _noisy_fallback_race if case == "falls_inside_the_margin" else _scripted)
+        config = make_config(setup, name=f"no-gain-{case}-{rule}", stages=1, steps_per_stage=8,
+                             check={"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "sequential",
+                                    "race_no_gain": rule})
+        answer = _check(run_curriculum(config, root=setup["root"]), 0)
+        record = json.loads((Path(setup["root"]) / "curricula" / config.name / "state.json").read_text()
+                            )["stages"][0]["check"]
+        records[rule] = (record, answer)
+    (keep, _), (pool, answer) = records["keep"], records["pool"]
+    assert pool["plan"]["race_no_gain"] == "pool" and "race_start" not in keep
+    winner = next(e for e in (pool.get("race_on") or pool["race"]) if e["race"] == "won")
+    assert winner["arm"] == "diverse" and pool["race_start"]["objective"] == pytest.approx(0.3, abs=1e-9)
+    gain = pool["race_start"]["gain"]  # the winner's reading over the start's, paired prompt by prompt
+    assert gain["lead"] == pytest.approx(winner["race_objective"] - 0.3, abs=1e-6)
+    assert answer["race_start"] == {k: pool["race_start"][k] for k in ("objective", "draws", "gain", "no_gain")}
+    first = pool["parts"][0]
+    if case == "gains":
+        assert gain["lead"] > 0 and pool["race_start"]["no_gain"] is False and "widened_by" not in first
+        assert [(e["arm"], e["fraction"], e["objective"], e["action"]) for e in pool["parts"]] == [
+            (e["arm"], e["fraction"], e["objective"], e["action"]) for e in keep["parts"]]
+        return
+    assert gain["lead"] < 0 and pool["race_start"]["no_gain"] is True
+    assert first["widened_by"] == "no_gain" and first["then"]["fraction"] == 1.0
+    assert [e["fraction"] for e in pool["parts"][1:]] == [1.0] * (len(pool["parts"]) - 1)
+    assert "no_gain" in pool["end"]["cases"] and "no_gain" not in keep["end"]["cases"]
+    assert keep["parts"][0]["then"]["fraction"] == 0.25  # the curriculum's fraction
+    if case == "falls_inside_the_margin":
+        assert first["action"] == "race_won+kept" and first["then"]["checkpoint"] == winner["checkpoint"]
+    else:
+        assert first["action"] == "race_won+reverted" and first["then"]["checkpoint"] == pool["start"]["checkpoint"]

@@ -23,7 +23,7 @@ COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_ra
           "checked_rev12": "orchid", "checked_noharm": "chocolate",
           "checked_half16": "steelblue", "checked_seq": "mediumseagreen",
           "checked_rev16": "slategray", "checked_unres": "firebrick",
-          "checked_raceread": "darkgoldenrod", "checked_rev19": "darkslategray"}
+          "checked_raceread": "darkgoldenrod", "checked_rev19": "darkslategray", "checked_nogain": "mediumvioletred"}
 _SPARE = ("lime", "teal", "magenta", "sienna", "slateblue", "darkgreen", "crimson", "peru")
 
 

@@ -99,7 +99,10 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "checked_raceread": {"check": {"enabled": True, "race_length": "sequential",
                                                                       "race_sample": "rest"}},
                                        # revision 19, the default before round 22: the race read on the check's sample
-                                       "checked_rev19": {"check": {"enabled": True, "race_sample": "check"}}}
+                                       "checked_rev19": {"check": {"enabled": True, "race_sample": "check"}},
+                                       # the round 23 candidate (docs/demo.md): revision 22, a race whose winner shows
+                                       # no gain over the stage's start going on at the whole pool
+                                       "checked_nogain": {"check": {"enabled": True, "race_no_gain": "pool"}}}
 
 
 def is_checked(method: str) -> bool:

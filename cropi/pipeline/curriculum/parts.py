@@ -108,7 +108,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
             "rollouts": trainer.options.rollouts, "widened": opts.widened, "sizing": opts.sizing,
             "widen_check": opts.widen_check, "screen_z": round(chk.screen_z(opts, len(steps)), 6),
             "race_length": opts.race_length, "widen_when": opts.widen_when, "race_unresolved": opts.race_unresolved,
-            "race_sample": opts.race_sample,
+            "race_sample": opts.race_sample, "race_no_gain": opts.race_no_gain,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
@@ -300,8 +300,27 @@ class _Stage:
             self.record["race"], self.record["race_on"] = [halves[1], halves[0]], [loser, winner]
         else:
             self.record["race"] = [loser, winner]
+        no_gain = self._race_no_gain(winner)
         self.record["raced"] = True
-        self._decide(dict(winner), first=True)
+        self._decide(dict(winner), first=True, to_pool=no_gain)
+
+    def _race_no_gain(self, winner: dict) -> bool:
+        """``race_no_gain: pool`` (read from the plan: a stage planned before the option resumes as it began): the
+        stage's start read on the race's own sample (``race_start``: saved once, so a resumed race decides as it
+        began) and whether the winner's reading there is no higher than the start's, the paired gain recorded with
+        the race's own test."""
+        if self.plan.get("race_no_gain", "keep") != "pool" or "race_values" not in winner:
+            return False
+        if "race_start" not in self.record:
+            values, seconds = self._measure(self.record["start"]["checkpoint"], sample=self.race_sample)
+            self.record["race_start"] = {"values": chk.as_lists(values), "objective": round(chk.objective(values), 6),
+                                         "draws": self.race_sample.samples, "check_s": round(seconds, 3)}
+            self.state.save()
+        start = self.record["race_start"]
+        gain = chk.race_lead(chk.from_lists(winner["race_values"]), chk.from_lists(start["values"]), self.opts.alpha,
+                             self.plan.get("test", "normal"))
+        start["gain"], start["no_gain"] = gain, gain["lead"] <= 0
+        return start["no_gain"]
 
     def _race_read(self, entry: dict) -> dict:
         """A race entry with its reading on the race's own sample where it has one (``race_values``,
@@ -418,6 +437,7 @@ class _Stage:
                                   ("saturated_rising", any((e.get("rising") or {}).get("resolved")
                                                            for e in self.record["parts"])),
                                   ("both_arms_fell", "both_arms_fell" in widened_by),
+                                  ("no_gain", "no_gain" in widened_by),
                                   ("no_fallback", "no_fallback" in actions),
                                   ("helped", final.change > final.margin)) if hit] or ["flat"]
         out = {"checkpoint": cur["checkpoint"], "arm": cur["arm"], "fraction": cur["fraction"], "values": values,
@@ -436,7 +456,8 @@ class _Stage:
         metrics_path = self._merge_metrics(parts)
         last = self.record["parts"][-1]
         seconds = {"train": sum(e["train_s"] for e in parts), "select": sum(e.get("select_s", 0.0) for e in parts),
-                   "check": self.record["start"]["check_s"] + sum(e["check_s"] for e in parts),
+                   "check": self.record["start"]["check_s"] + sum(e["check_s"] for e in parts)
+                   + (self.record.get("race_start") or {}).get("check_s", 0.0),
                    "eval": sum(e["metrics"].get("eval_s") or 0.0 for e in parts)}
         metrics = dict(last["metrics"]) | {f"{k}_s": round(v, 3) for k, v in seconds.items()}
         shares = [e["zero_share"] for e in parts if e.get("zero_share") is not None]
@@ -480,7 +501,10 @@ class _Stage:
                 "metrics": {k: v for k, v in result.metrics.items()}, "metrics_path": result.metrics_path,
                 "log": result.log_path}
 
-    def _decide(self, entry: dict, first: bool = False) -> None:
+    def _decide(self, entry: dict, first: bool = False, to_pool: bool = False) -> None:
+        """Judge a part (``first``: the race's winner) against the best and set what the next part trains;
+        ``to_pool``: the race's winner showed no gain over the start (``_race_no_gain``), so it goes on at the
+        whole pool."""
         best, pending = self._best(), {}
         verdict = self._judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]), screen=True)
         if verdict.action == "reverted" and entry["fraction"] >= 1 and self.opts.at_whole_pool == "keep":
@@ -509,6 +533,8 @@ class _Stage:
                     entry["saturated"] = pending["race_wider"]
                 else:
                     fraction = _widen(entry, fraction, "saturation")
+        if to_pool and fraction < 1:
+            fraction = _widen(entry, fraction, "no_gain", to=1.0)
         entry["then"] = {"arm": arm, "fraction": fraction, "checkpoint": checkpoint} | pending
         self.record["start"]["current"] = entry["then"]
         self.record["parts"].append(entry)
@@ -710,9 +736,10 @@ def _unchecked(config, paths, state, m, pool, trainer, selector, record) -> dict
         "checked": False, "unchecked": record["unchecked"]}
 
 
-def _widen(entry: dict, fraction: float, why: str) -> float:
-    """The doubled fraction (at most the whole pool), recorded in the part's entry with its reason."""
-    wider = min(1.0, 2 * fraction)
+def _widen(entry: dict, fraction: float, why: str, to: float | None = None) -> float:
+    """The doubled fraction (at most the whole pool; ``to``: that fraction instead), recorded in the part's entry
+    with its reason."""
+    wider = min(1.0, 2 * fraction) if to is None else to
     entry["widened"], entry["widened_by"] = wider, why
     return wider
 
