@@ -27,7 +27,7 @@ def binding(pairs: dict[str, tuple[dict, dict]], new: str, old: str, mark: str) 
         full_equal[task] = a["accuracy_by_step"]["full"] == b["accuracy_by_step"]["full"]
         rows = {}
         for seed in sorted(a["accuracy_by_step"][new], key=int):
-            marks = {m: st[mark] for m, st in a["checks"][new][seed].items() if st.get(mark)}
+            marks = {m: v for m, st in a["checks"][new][seed].items() if (v := _marked(st, mark))}
             rows[seed] = {"bound": marks or None,
                           "equal_to_old": a["accuracy_by_step"][new][seed] == b["accuracy_by_step"][old][seed],
                           "auc": a["auc_by_method"][new]["per_seed"][seed],
@@ -39,12 +39,22 @@ def binding(pairs: dict[str, tuple[dict, dict]], new: str, old: str, mark: str) 
             "not_bound_but_different": [[t, s] for t, s, v in runs if not v["bound"] and not v["equal_to_old"]]}
 
 
+def _marked(stage: dict, mark: str):
+    """The stage record's value at ``mark``, a key or a dotted path of keys (``race_start.no_gain``); None where
+    any key is missing."""
+    value = stage
+    for key in mark.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", action="append", required=True, help="task=new/report.json:old/report.json")
     ap.add_argument("--new", required=True, help="the candidate's method in the new reports")
     ap.add_argument("--old", required=True, help="the old revision's method in the old reports")
-    ap.add_argument("--mark", required=True, help="the stage record's key the rule writes where it binds")
+    ap.add_argument("--mark", required=True, help="the stage record's key the rule writes where it binds (a dotted "
+                                                  "path for a nested one: race_start.no_gain)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     out = binding(report_pairs(args.task), args.new, args.old, args.mark)

@@ -191,6 +191,15 @@ def test_binding_marks_where_a_rule_bound_and_flags_a_changed_run_it_did_not_bin
     assert rows["1"]["bound"] is None and rows["1"]["equal_to_old"] is True
     assert out["bound"] == 1 and out["not_bound_but_different"] == [["t", "2"]]
     assert out["full_equal"] == {"t": False} and rows["0"]["auc"] - rows["0"]["auc_old"] == pytest.approx(0.05)
+    # a dotted mark reads a nested key: only a stage whose nested value is truthy is bound (round 23's
+    # race_start.no_gain, recorded False where the race's winner did gain)
+    nested = report("nested", "cand", {"0": {"1": 0.15}, "1": {"1": 0.2}, "2": {"1": 0.3}},
+                    {"0": {"0": {"race_start": {"no_gain": True}}}, "1": {"0": {"race_start": {"no_gain": False}}},
+                     "2": {"0": {"race_start": 1.0}}})
+    out = binding.main(["--task", f"t={nested}:{old}", "--new", "cand", "--old", "rev", "--mark",
+                        "race_start.no_gain", "--out", str(tmp_path)])
+    assert [out["tasks"]["t"][s]["bound"] for s in "012"] == [{"0": True}, None, None]
+    assert out["bound"] == 1 and out["not_bound_but_different"] == []
 
 
 def _steps_report(tmp_path: Path, task: str, aucs: dict, steps: dict) -> str:
