@@ -341,6 +341,8 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
                           ).resume_key() != "d5ca290d348b234d"  # and revision 19's race on the check's sample, since
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_sample="rest")}  # round 22
                           ).resume_key() == "d5ca290d348b234d"  # the default, unnamed in the key
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_no_gain="pool")}
+                          ).resume_key() == "2a49b5cf6004b5f3"  # round 23's candidate, named (at 6253806)
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, widen_when="saturated")}
                           ).resume_key() != "d5ca290d348b234d"  # and revision 12's widening, since round 16 not the default
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, best_of="stage")}
