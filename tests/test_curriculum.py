@@ -268,8 +268,9 @@ def test_a_curriculum_that_named_todays_default_before_it_was_the_default_resume
     with another config" (round 20 met this resuming round 19's runs). Keys computed by that code: at 87c94ae
     (before revision 19) naming race_length sequential, and at ddfb16b~1 (before revision 16) naming widen_when
     stalled. Both resume today's config, which holds both at their default; another config's key (race_length
-    half at ddfb16b~1) does not, and a config that changed one of them resumes neither. So does one named
-    ``race_sample: rest`` at ecbe0d1, before revision 22."""
+    half at ddfb16b~1) does not, and a config that changed one of them resumes neither. So do one named
+    ``race_sample: rest`` at ecbe0d1, before revision 22, and one named ``race_no_gain: pool`` at 6253806, before
+    revision 23."""
     from cropi.pipeline.curriculum.state import CurriculumPaths, StageState
 
     cfg = CurriculumConfig.model_validate(dict(
@@ -278,9 +279,10 @@ def test_a_curriculum_that_named_todays_default_before_it_was_the_default_resume
                                              backend_options={"max_batch_rows": 8}),
         projection=dict(kind="sjlt", dim=64, kept_fraction=0.1), gradient_dtype="float32"))
     keys = cfg.resume_keys()
-    assert cfg.resume_key() == "33b13f976f82e4b9" and len(keys) == 2 ** 6  # every option of CHANGED_DEFAULTS
+    assert cfg.resume_key() == "33b13f976f82e4b9" and len(keys) == 2 ** 7  # every option of CHANGED_DEFAULTS
     assert {"01b5f63c8b4d4c64", "1f08a154b0ea6b4f"} <= keys and "ae5c09f0f29e2398" not in keys
     assert "067642699839bacc" in keys  # at ecbe0d1 (before revision 22) naming race_sample rest (round 21's runs)
+    assert "afa71164fee6b8ab" in keys  # at 6253806 (before revision 23) naming race_no_gain pool (round 23's runs)
     part = cfg.model_copy(update={"check": CheckOptions(race_length="part")})
     assert not {"01b5f63c8b4d4c64", "33b13f976f82e4b9"} & part.resume_keys()
     paths = CurriculumPaths(tmp_path, "pinned")
@@ -341,8 +343,11 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
                           ).resume_key() != "d5ca290d348b234d"  # and revision 19's race on the check's sample, since
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_sample="rest")}  # round 22
                           ).resume_key() == "d5ca290d348b234d"  # the default, unnamed in the key
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_no_gain="keep")}
+                          ).resume_key() != "d5ca290d348b234d"  # and revision 22's race, since round 23
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_no_gain="pool")}
-                          ).resume_key() == "2a49b5cf6004b5f3"  # round 23's candidate, named (at 6253806)
+                          ).resume_key() == "d5ca290d348b234d"  # the default, unnamed in the key
+    assert "2a49b5cf6004b5f3" in off.resume_keys()  # round 23's candidate, named before it was the default
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, widen_when="saturated")}
                           ).resume_key() != "d5ca290d348b234d"  # and revision 12's widening, since round 16 not the default
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, best_of="stage")}

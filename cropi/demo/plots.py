@@ -23,7 +23,8 @@ COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_ra
           "checked_rev12": "orchid", "checked_noharm": "chocolate",
           "checked_half16": "steelblue", "checked_seq": "mediumseagreen",
           "checked_rev16": "slategray", "checked_unres": "firebrick",
-          "checked_raceread": "darkgoldenrod", "checked_rev19": "darkslategray", "checked_nogain": "mediumvioletred"}
+          "checked_raceread": "darkgoldenrod", "checked_rev19": "darkslategray", "checked_nogain": "mediumvioletred",
+          "checked_rev22": "darkkhaki"}
 _SPARE = ("lime", "teal", "magenta", "sienna", "slateblue", "darkgreen", "crimson", "peru")
 
 

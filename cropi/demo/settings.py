@@ -100,9 +100,12 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                                                       "race_sample": "rest"}},
                                        # revision 19, the default before round 22: the race read on the check's sample
                                        "checked_rev19": {"check": {"enabled": True, "race_sample": "check"}},
-                                       # the round 23 candidate (docs/demo.md): revision 22, a race whose winner shows
-                                       # no gain over the stage's start going on at the whole pool
-                                       "checked_nogain": {"check": {"enabled": True, "race_no_gain": "pool"}}}
+                                       # the round 23 candidate, now the default (revision 23): a race whose winner
+                                       # shows no gain over the stage's start goes on at the whole pool
+                                       "checked_nogain": {"check": {"enabled": True, "race_no_gain": "pool"}},
+                                       # revision 22, the default before round 23: every race's winner goes on with
+                                       # its own subset
+                                       "checked_rev22": {"check": {"enabled": True, "race_no_gain": "keep"}}}
 
 
 def is_checked(method: str) -> bool:
