@@ -102,3 +102,14 @@ MAX_AMID_MIN = remix("max_amid_min", ("max",), {"max": 0.05, "min": 0.5, **{s: 0
 RARE_ABOVE_BEFORE = remix("rare_above_before", ("above", "before"),
                           {"above": 0.04, "before": 0.04, **{s: 0.23 for s in ("max", "min", "after", "nth")}},
                           "above and before, 4% of the pool each")
+# Fresh held-out tasks of round 24 (docs/demo.md, "Round 24 candidate"; committed with its design, before any run on
+# them): a target that is half the pool, the regime where revision 23's rule first acted, in both families.
+SKILLS_HALF_POS = remix("skills_half_pos", ("pos",),
+                        {"pos": 0.5, **{s: 0.1 for s in ("count", "maxd", "mind", "mod", "lastmul")}},
+                        "pos, half the skills pool", base=skills)
+SKILLS_HALF_COUNT = remix("skills_half_count", ("count",),
+                          {"count": 0.5, **{s: 0.1 for s in ("maxd", "mind", "pos", "mod", "lastmul")}},
+                          "count, half the skills pool", base=skills)
+HALF_BEFORE = remix("half_before", ("before",),
+                    {"before": 0.5, **{s: 0.1 for s in ("max", "min", "after", "above", "nth")}},
+                    "before, half the lists pool")
