@@ -1468,9 +1468,10 @@ def test_a_race_whose_winner_shows_no_gain_over_the_start_goes_on_at_the_whole_p
     (its readings noisy) the winner is kept and the pool trains on from its checkpoint; beyond it (noise-free) the
     check's own rule reverts the fall, and the pool trains from the start. Under ``keep`` (revision 22) the winner
     goes on at the curriculum's fraction. Where the winner gains (the default trainer: +0.02 a step) the rule does
-    not act, and every part is revision 22's."""
+    not act, and every part is revision 22's. Under ``restart`` (the round 24 candidate) the pool trains from the
+    start wherever the rule acts, the fall inside the margin too, and the winner is not made the best."""
     records = {}
-    for rule in ("keep", "pool"):
+    for rule in ("keep", "pool", "restart"):
         trainer = PartTrainer() if case == "gains" else PartTrainer(step=-0.01, fallback_drop=0.005)
         monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: trainer)
         monkeypatch.setattr(chk.ValidationSample, "measure",
@@ -1482,8 +1483,12 @@ def test_a_race_whose_winner_shows_no_gain_over_the_start_goes_on_at_the_whole_p
         record = json.loads((Path(setup["root"]) / "curricula" / config.name / "state.json").read_text()
                             )["stages"][0]["check"]
         records[rule] = (record, answer)
-    (keep, _), (pool, answer) = records["keep"], records["pool"]
+    (keep, _), (pool, answer), (restart, _) = records["keep"], records["pool"], records["restart"]
     assert pool["plan"]["race_no_gain"] == "pool" and "race_start" not in keep
+    for key in ("objective", "gain", "no_gain"):  # one rule, one reading
+        assert restart["race_start"][key] == pool["race_start"][key]
+    assert [(e["arm"], e["race_objective"], e["race"]) for e in restart["race"]] == [
+        (e["arm"], e["race_objective"], e["race"]) for e in pool["race"]]
     winner = next(e for e in (pool.get("race_on") or pool["race"]) if e["race"] == "won")
     assert winner["arm"] == "diverse" and pool["race_start"]["objective"] == pytest.approx(0.3, abs=1e-9)
     gain = pool["race_start"]["gain"]  # the winner's reading over the start's, paired prompt by prompt
@@ -1492,15 +1497,62 @@ def test_a_race_whose_winner_shows_no_gain_over_the_start_goes_on_at_the_whole_p
     first = pool["parts"][0]
     if case == "gains":
         assert gain["lead"] > 0 and pool["race_start"]["no_gain"] is False and "widened_by" not in first
-        assert [(e["arm"], e["fraction"], e["objective"], e["action"]) for e in pool["parts"]] == [
-            (e["arm"], e["fraction"], e["objective"], e["action"]) for e in keep["parts"]]
+        for other in (pool, restart):
+            assert [(e["arm"], e["fraction"], e["objective"], e["action"]) for e in other["parts"]] == [
+                (e["arm"], e["fraction"], e["objective"], e["action"]) for e in keep["parts"]]
         return
     assert gain["lead"] < 0 and pool["race_start"]["no_gain"] is True
     assert first["widened_by"] == "no_gain" and first["then"]["fraction"] == 1.0
     assert [e["fraction"] for e in pool["parts"][1:]] == [1.0] * (len(pool["parts"]) - 1)
     assert "no_gain" in pool["end"]["cases"] and "no_gain" not in keep["end"]["cases"]
     assert keep["parts"][0]["then"]["fraction"] == 0.25  # the curriculum's fraction
+    start = pool["start"]["checkpoint"]
+    assert restart["parts"][0]["then"] == {"arm": first["then"]["arm"], "fraction": 1.0, "checkpoint": start}
+    assert restart["parts"][1]["from"] == start and restart["end"]["cases"] == pool["end"]["cases"]
+    assert restart["start"]["best"]["checkpoint"] == start  # the winner read below it: never the best
     if case == "falls_inside_the_margin":
         assert first["action"] == "race_won+kept" and first["then"]["checkpoint"] == winner["checkpoint"]
+        assert restart["parts"][0]["action"] == "race_won+kept"  # kept by the check, left by the no-gain rule
     else:
-        assert first["action"] == "race_won+reverted" and first["then"]["checkpoint"] == pool["start"]["checkpoint"]
+        assert first["action"] == "race_won+reverted" and first["then"]["checkpoint"] == start
+        assert [(e["arm"], e["fraction"], e["objective"], e["action"], e["from"]) for e in restart["parts"]] == [
+            (e["arm"], e["fraction"], e["objective"], e["action"], e["from"]) for e in pool["parts"]]
+
+
+def test_a_race_without_gain_on_its_own_sample_is_not_made_the_best_under_restart(setup, monkeypatch):
+    """``race_no_gain: restart``. The arms gain on the check's sample (the default trainer) but read 0.1 lower on
+    the race's own sample, so the winner reads below the start there: no gain. Under ``pool`` the winner, above the
+    best on the check's sample, is kept and made the best; under ``restart`` the pool trains from the start and the
+    best stays the start, so a later fall is measured against and restored to the start."""
+    monkeypatch.setattr(chk, "race_draws", lambda budget, prompts, floor: 3)  # the race's draws, known below
+
+    def script(self, checkpoint, **kw):
+        readings, seconds = _scripted(self, checkpoint)
+        if self.samples == 3 and "race-" in str(checkpoint):
+            readings = {n: r - 0.1 for n, r in readings.items()}
+        return readings, seconds
+
+    records = {}
+    for rule in ("pool", "restart"):
+        monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: PartTrainer())
+        monkeypatch.setattr(chk.ValidationSample, "measure", script)
+        config = make_config(setup, name=f"no-gain-best-{rule}", stages=1, steps_per_stage=8,
+                             check={"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "sequential",
+                                    "race_no_gain": rule})
+        run_curriculum(config, root=setup["root"])
+        records[rule] = json.loads((Path(setup["root"]) / "curricula" / config.name / "state.json").read_text()
+                                   )["stages"][0]["check"]
+    pool, restart = records["pool"], records["restart"]
+    for record in (pool, restart):
+        assert record["race_start"]["no_gain"] is True and record["parts"][0]["action"] == "race_won+kept"
+    winner = pool["parts"][0]
+    assert winner["objective"] > pool["start"]["objective"]  # above the start on the check's sample
+    start = restart["start"]["checkpoint"]
+    assert pool["parts"][0]["then"]["checkpoint"] == winner["checkpoint"]
+    assert restart["parts"][0]["then"]["checkpoint"] == start and restart["parts"][1]["from"] == start
+    # the best after the race: the winner under pool; the start, then the pool's own parts, under restart
+    assert pool["parts"][1]["from"] == winner["checkpoint"]
+    assert all(e["from"] != winner["checkpoint"] for e in restart["parts"][1:])
+    after = restart["parts"][1]  # judged against the start, not the winner it was not made
+    assert after["change"] == pytest.approx(after["objective"] - restart["start"]["objective"], abs=2e-6)
+    assert pool["parts"][1]["change"] == pytest.approx(pool["parts"][1]["objective"] - winner["objective"], abs=2e-6)

@@ -105,7 +105,10 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "checked_nogain": {"check": {"enabled": True, "race_no_gain": "pool"}},
                                        # revision 22, the default before round 23: every race's winner goes on with
                                        # its own subset
-                                       "checked_rev22": {"check": {"enabled": True, "race_no_gain": "keep"}}}
+                                       "checked_rev22": {"check": {"enabled": True, "race_no_gain": "keep"}},
+                                       # the round 24 candidate: where a race shows no gain, the pool trains from the
+                                       # check's best checkpoint rather than the winner's
+                                       "checked_restart": {"check": {"enabled": True, "race_no_gain": "restart"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -97,13 +97,15 @@ class CheckOptions(BaseModel):
                             "rounds 21-22; a race's leads are a fifth to a half of a fall, and on the check's sample "
                             "its first looks were mostly unresolved), or the check's sample, sized for a fall of "
                             "resolve (check: revisions 8-19)")
-    race_no_gain: Literal["pool", "keep"] = Field(
+    race_no_gain: Literal["pool", "restart", "keep"] = Field(
         "pool", description="where a race's winner reads no higher than the stage's start on the race's own sample "
                             "(the start read there too, paired prompt by prompt): go on at the whole pool, from the "
                             "winner's checkpoint (or the best a confirmed fall restores), since neither ranked subset "
-                            "showed a gain at this fraction (pool: issue 32's revision 23, docs/demo.md round 23), "
-                            "or with the winner's subset as any winner does (keep: revisions 8-22); needs "
-                            "race_sample: rest")
+                            "showed a gain at this fraction (pool: issue 32's revision 23, docs/demo.md round 23); "
+                            "the same from the check's best checkpoint (the stage's start, or the curriculum's best "
+                            "where that read higher), which the race's own reading puts at least as high as the "
+                            "winner, the winner not made the best (restart: the round 24 candidate); or with the "
+                            "winner's subset as any winner does (keep: revisions 8-22); needs race_sample: rest")
     rerace: Literal["after_reversal", "never"] = Field(
         "after_reversal", description="a stage after one with a confirmed reversal begins with the race stage 0 "
                                       "runs (after_reversal: that fall measured one stage's subset, the next stage "

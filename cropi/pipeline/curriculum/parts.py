@@ -309,7 +309,7 @@ class _Stage:
         stage's start read on the race's own sample (``race_start``: saved once, so a resumed race decides as it
         began) and whether the winner's reading there is no higher than the start's, the paired gain recorded with
         the race's own test."""
-        if self.plan.get("race_no_gain", "keep") != "pool" or "race_values" not in winner:
+        if self.plan.get("race_no_gain", "keep") == "keep" or "race_values" not in winner:
             return False
         if "race_start" not in self.record:
             values, seconds = self._measure(self.record["start"]["checkpoint"], sample=self.race_sample)
@@ -504,7 +504,8 @@ class _Stage:
     def _decide(self, entry: dict, first: bool = False, to_pool: bool = False) -> None:
         """Judge a part (``first``: the race's winner) against the best and set what the next part trains;
         ``to_pool``: the race's winner showed no gain over the start (``_race_no_gain``), so it goes on at the
-        whole pool."""
+        whole pool; under ``race_no_gain: restart`` from the best checkpoint, the winner not made the best (the
+        race read it no higher than the start, a checkpoint the best reads at least as high as)."""
         best, pending = self._best(), {}
         verdict = self._judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]), screen=True)
         if verdict.action == "reverted" and entry["fraction"] >= 1 and self.opts.at_whole_pool == "keep":
@@ -521,6 +522,8 @@ class _Stage:
             checkpoint = best["checkpoint"]
             if self._both_arms_fell(entry, checkpoint) and fraction < 1:  # against the fraction, not an arm
                 fraction = _widen(entry, fraction, "both_arms_fell")
+        elif to_pool and self.plan.get("race_no_gain") == "restart":  # kept, but the race showed no gain
+            checkpoint = best["checkpoint"]
         else:  # kept, or a screen the fresh reading did not confirm
             checkpoint = entry["checkpoint"]
             if verdict.value > chk.objective(chk.from_lists(best["values"])):
