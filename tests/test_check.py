@@ -1390,6 +1390,18 @@ def test_race_draws_are_the_most_within_the_budget_never_fewer_than_the_checks()
                 assert chk.race_draws(budget, prompts, floor) == expected, (budget, prompts, floor)
 
 
+def _one_raced_stage(setup, monkeypatch, trainer, measure, name, **check) -> tuple[dict, dict, object]:
+    """One checked stage of 8 steps in 4 parts under a sequential race and the ``check`` options given, trained by
+    ``trainer`` and read by ``measure``: its stored record, the service's answer and the curriculum's config."""
+    monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: trainer)
+    monkeypatch.setattr(chk.ValidationSample, "measure", measure)
+    config = make_config(setup, name=name, stages=1, steps_per_stage=8,
+                         check={"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "sequential", **check})
+    answer = _check(run_curriculum(config, root=setup["root"]), 0)
+    record = json.loads((Path(setup["root"]) / "curricula" / config.name / "state.json").read_text())
+    return record["stages"][0]["check"], answer, config
+
+
 def test_a_race_under_race_sample_rest_decides_on_every_prompt_not_held_to_confirm(setup, monkeypatch):
     """``race_sample: rest`` (revision 22, the default since round 22). On the check's sample the fallback reads 0.01 higher after
     the race's first half (it gains twice the primary's step); on the race's own sample the primary reads 0.05
@@ -1417,14 +1429,8 @@ def test_a_race_under_race_sample_rest_decides_on_every_prompt_not_held_to_confi
     monkeypatch.setattr(chk, "race_draws", draws)
     records = {}
     for rule in ("check", "rest"):
-        monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: PartTrainer())
-        monkeypatch.setattr(chk.ValidationSample, "measure", script)
-        config = make_config(setup, name=f"race-sample-{rule}", stages=1, steps_per_stage=8,
-                             check={"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "sequential",
-                                    "race_sample": rule})
-        answer = _check(run_curriculum(config, root=setup["root"]), 0)
-        records[rule] = json.loads((Path(setup["root"]) / "curricula" / config.name / "state.json").read_text()
-                                   )["stages"][0]["check"]
+        records[rule], answer, config = _one_raced_stage(setup, monkeypatch, PartTrainer(), script,
+                                                         f"race-sample-{rule}", race_sample=rule)
         shown = [{k: e.get(k) for k in ("arm", "objective", "race", "race_objective", "race_draws")}
                  for e in records[rule]["race"]]
         assert [{k: e.get(k) for k in shown[0]} for e in answer["race"]] == shown  # as the service shows it
@@ -1473,16 +1479,9 @@ def test_a_race_whose_winner_shows_no_gain_over_the_start_goes_on_at_the_whole_p
     records = {}
     for rule in ("keep", "pool", "restart"):
         trainer = PartTrainer() if case == "gains" else PartTrainer(step=-0.01, fallback_drop=0.005)
-        monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: trainer)
-        monkeypatch.setattr(chk.ValidationSample, "measure",
-                            _noisy_fallback_race if case == "falls_inside_the_margin" else _scripted)
-        config = make_config(setup, name=f"no-gain-{case}-{rule}", stages=1, steps_per_stage=8,
-                             check={"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "sequential",
-                                    "race_no_gain": rule})
-        answer = _check(run_curriculum(config, root=setup["root"]), 0)
-        record = json.loads((Path(setup["root"]) / "curricula" / config.name / "state.json").read_text()
-                            )["stages"][0]["check"]
-        records[rule] = (record, answer)
+        measure = _noisy_fallback_race if case == "falls_inside_the_margin" else _scripted
+        records[rule] = _one_raced_stage(setup, monkeypatch, trainer, measure, f"no-gain-{case}-{rule}",
+                                         race_no_gain=rule)[:2]
     (keep, _), (pool, answer), (restart, _) = records["keep"], records["pool"], records["restart"]
     assert pool["plan"]["race_no_gain"] == "pool" and "race_start" not in keep
     for key in ("objective", "gain", "no_gain"):  # one rule, one reading
@@ -1534,14 +1533,8 @@ def test_a_race_without_gain_on_its_own_sample_is_not_made_the_best_under_restar
 
     records = {}
     for rule in ("pool", "restart"):
-        monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: PartTrainer())
-        monkeypatch.setattr(chk.ValidationSample, "measure", script)
-        config = make_config(setup, name=f"no-gain-best-{rule}", stages=1, steps_per_stage=8,
-                             check={"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "sequential",
-                                    "race_no_gain": rule})
-        run_curriculum(config, root=setup["root"])
-        records[rule] = json.loads((Path(setup["root"]) / "curricula" / config.name / "state.json").read_text()
-                                   )["stages"][0]["check"]
+        records[rule] = _one_raced_stage(setup, monkeypatch, PartTrainer(), script, f"no-gain-best-{rule}",
+                                         race_no_gain=rule)[0]
     pool, restart = records["pool"], records["restart"]
     for record in (pool, restart):
         assert record["race_start"]["no_gain"] is True and record["parts"][0]["action"] == "race_won+kept"
