@@ -1549,3 +1549,32 @@ def test_a_race_without_gain_on_its_own_sample_is_not_made_the_best_under_restar
     after = restart["parts"][1]  # judged against the start, not the winner it was not made
     assert after["change"] == pytest.approx(after["objective"] - restart["start"]["objective"], abs=2e-6)
     assert pool["parts"][1]["change"] == pytest.approx(pool["parts"][1]["objective"] - winner["objective"], abs=2e-6)
+
+
+def test_a_race_gain_inside_the_noise_counts_as_none_under_race_gain_resolved(setup, monkeypatch):
+    """``race_gain: resolved`` (the round 25 candidate). On the race's own sample the arms read 0.015 below their
+    quality and with a per-prompt pattern of mean zero (+-0.05) the start does not have: the winner (the fallback,
+    +0.02 a step, one step at the first look, which resolves: the pattern is both arms') gains +0.005 over the start,
+    inside its noise. Under ``any`` (revisions 23-24) that is a gain and the winner goes on at the curriculum's
+    fraction; under ``resolved`` it is none, and the no-gain action sends the pool on."""
+    monkeypatch.setattr(chk, "race_draws", lambda budget, prompts, floor: 3)  # the race's draws, known below
+    pattern = np.where(np.arange(40) % 2 == 0, 0.05, -0.05)
+
+    def script(self, checkpoint, **kw):
+        readings, seconds = _scripted(self, checkpoint)
+        if self.samples == 3 and "race-" in str(checkpoint):
+            readings = {n: r - 0.015 + pattern for n, r in readings.items()}
+        return readings, seconds
+
+    records = {rule: _one_raced_stage(setup, monkeypatch, PartTrainer(), script, f"race-gain-{rule}",
+                                      race_gain=rule)[0] for rule in ("any", "resolved")}
+    for rule, record in records.items():
+        assert record["plan"]["race_gain"] == rule and "race_on" not in record  # the first look resolved
+        gain = record["race_start"]["gain"]
+        assert gain["lead"] == pytest.approx(0.005, abs=1e-6) and gain["se"] > 0 and gain["resolved"] is False
+    anything, resolved = records["any"], records["resolved"]
+    assert anything["race_start"]["no_gain"] is False and "widened_by" not in anything["parts"][0]
+    assert anything["parts"][0]["then"]["fraction"] == 0.25
+    assert resolved["race_start"]["no_gain"] is True and resolved["parts"][0]["widened_by"] == "no_gain"
+    assert [e["fraction"] for e in resolved["parts"][1:]] == [1.0] * (len(resolved["parts"]) - 1)
+    assert "no_gain" in resolved["end"]["cases"] and "no_gain" not in anything["end"]["cases"]

@@ -350,6 +350,10 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
     assert "2a49b5cf6004b5f3" in off.resume_keys()  # round 23's candidate, named before it was the default
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_no_gain="restart")}
                           ).resume_key() not in ("d5ca290d348b234d", "2a49b5cf6004b5f3")  # round 24's candidate
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_gain="resolved")}
+                          ).resume_key() != "d5ca290d348b234d"  # round 25's candidate
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_gain="any")}
+                          ).resume_key() == "d5ca290d348b234d"  # its default, unnamed: earlier curricula resume
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, widen_when="saturated")}
                           ).resume_key() != "d5ca290d348b234d"  # and revision 12's widening, since round 16 not the default
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, best_of="stage")}

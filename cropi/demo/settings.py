@@ -108,7 +108,10 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "checked_rev22": {"check": {"enabled": True, "race_no_gain": "keep"}},
                                        # the round 24 candidate: where a race shows no gain, the pool trains from the
                                        # check's best checkpoint rather than the winner's
-                                       "checked_restart": {"check": {"enabled": True, "race_no_gain": "restart"}}}
+                                       "checked_restart": {"check": {"enabled": True, "race_no_gain": "restart"}},
+                                       # the round 25 candidate: a race's gain over the start counts only where
+                                       # resolved at alpha
+                                       "checked_resolved": {"check": {"enabled": True, "race_gain": "resolved"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -106,6 +106,12 @@ class CheckOptions(BaseModel):
                             "where that read higher), which the race's own reading puts at least as high as the "
                             "winner, the winner not made the best (restart: the round 24 candidate); or with the "
                             "winner's subset as any winner does (keep: revisions 8-22); needs race_sample: rest")
+    race_gain: Literal["any", "resolved"] = Field(
+        "any", description="what counts as a race's gain over the stage's start under race_no_gain (pool or "
+                           "restart): any lead of the winner's reading over the start's (any: issue 32's revisions "
+                           "23-24), or only a lead resolved one-sided at alpha by the race's own test, since a gain "
+                           "inside the noise shows no more than none does (resolved: the round 25 candidate, "
+                           "docs/demo.md)")
     rerace: Literal["after_reversal", "never"] = Field(
         "after_reversal", description="a stage after one with a confirmed reversal begins with the race stage 0 "
                                       "runs (after_reversal: that fall measured one stage's subset, the next stage "

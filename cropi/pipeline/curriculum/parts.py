@@ -108,7 +108,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
             "rollouts": trainer.options.rollouts, "widened": opts.widened, "sizing": opts.sizing,
             "widen_check": opts.widen_check, "screen_z": round(chk.screen_z(opts, len(steps)), 6),
             "race_length": opts.race_length, "widen_when": opts.widen_when, "race_unresolved": opts.race_unresolved,
-            "race_sample": opts.race_sample, "race_no_gain": opts.race_no_gain,
+            "race_sample": opts.race_sample, "race_no_gain": opts.race_no_gain, "race_gain": opts.race_gain,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
@@ -307,8 +307,9 @@ class _Stage:
     def _race_no_gain(self, winner: dict) -> bool:
         """``race_no_gain: pool`` (read from the plan: a stage planned before the option resumes as it began): the
         stage's start read on the race's own sample (``race_start``: saved once, so a resumed race decides as it
-        began) and whether the winner's reading there is no higher than the start's, the paired gain recorded with
-        the race's own test."""
+        began) and whether the winner's reading there shows no gain over the start's (``race_gain``: no higher, or
+        under ``resolved`` not higher by more than the race's own test resolves), the paired gain recorded with that
+        test."""
         if self.plan.get("race_no_gain", "keep") == "keep" or "race_values" not in winner:
             return False
         if "race_start" not in self.record:
@@ -319,7 +320,8 @@ class _Stage:
         start = self.record["race_start"]
         gain = chk.race_lead(chk.from_lists(winner["race_values"]), chk.from_lists(start["values"]), self.opts.alpha,
                              self.plan.get("test", "normal"))
-        start["gain"], start["no_gain"] = gain, gain["lead"] <= 0
+        shown = gain["resolved"] if self.plan.get("race_gain", "any") == "resolved" else gain["lead"] > 0
+        start["gain"], start["no_gain"] = gain, not shown
         return start["no_gain"]
 
     def _race_read(self, entry: dict) -> dict:
