@@ -346,10 +346,10 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_no_gain="keep")}
                           ).resume_key() != "d5ca290d348b234d"  # and revision 22's race, since round 23
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_no_gain="pool")}
-                          ).resume_key() == "d5ca290d348b234d"  # the default, unnamed in the key
-    assert "2a49b5cf6004b5f3" in off.resume_keys()  # round 23's candidate, named before it was the default
+                          ).resume_key() == "2a49b5cf6004b5f3"  # and revision 23's, named as before it was the default
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_no_gain="restart")}
-                          ).resume_key() not in ("d5ca290d348b234d", "2a49b5cf6004b5f3")  # round 24's candidate
+                          ).resume_key() == "d5ca290d348b234d"  # the default since round 24, unnamed in the key
+    assert "f6afeed0ea3b8926" in off.resume_keys()  # round 24's candidate, named before it was the default (50459a6)
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_gain="resolved")}
                           ).resume_key() != "d5ca290d348b234d"  # round 25's candidate
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_gain="any")}

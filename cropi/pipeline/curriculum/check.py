@@ -97,18 +97,19 @@ class CheckOptions(BaseModel):
                             "rounds 21-22; a race's leads are a fifth to a half of a fall, and on the check's sample "
                             "its first looks were mostly unresolved), or the check's sample, sized for a fall of "
                             "resolve (check: revisions 8-19)")
-    race_no_gain: Literal["pool", "restart", "keep"] = Field(
-        "pool", description="where a race's winner reads no higher than the stage's start on the race's own sample "
-                            "(the start read there too, paired prompt by prompt): go on at the whole pool, from the "
-                            "winner's checkpoint (or the best a confirmed fall restores), since neither ranked subset "
-                            "showed a gain at this fraction (pool: issue 32's revision 23, docs/demo.md round 23); "
-                            "the same from the check's best checkpoint (the stage's start, or the curriculum's best "
-                            "where that read higher), which the race's own reading puts at least as high as the "
-                            "winner, the winner not made the best (restart: the round 24 candidate); or with the "
-                            "winner's subset as any winner does (keep: revisions 8-22); needs race_sample: rest")
+    race_no_gain: Literal["restart", "pool", "keep"] = Field(
+        "restart", description="where a race's winner shows no gain over the stage's start on the race's own sample "
+                               "(the start read there too, paired prompt by prompt; race_gain says what counts): go "
+                               "on at the whole pool, since neither ranked subset showed a gain at this fraction, "
+                               "from the check's best checkpoint (the stage's start, or the curriculum's best where "
+                               "that read higher), which the race's own reading puts at least as high as the winner, "
+                               "the winner not made the best (restart: issue 32's revision 24, docs/demo.md round "
+                               "24); the same from the winner's checkpoint (or the best a confirmed fall restores) "
+                               "(pool: revision 23); or with the winner's subset as any winner does (keep: revisions "
+                               "8-22); needs race_sample: rest")
     race_gain: Literal["any", "resolved"] = Field(
-        "any", description="what counts as a race's gain over the stage's start under race_no_gain (pool or "
-                           "restart): any lead of the winner's reading over the start's (any: issue 32's revisions "
+        "any", description="what counts as a race's gain over the stage's start under race_no_gain (restart or "
+                           "pool): any lead of the winner's reading over the start's (any: issue 32's revisions "
                            "23-24), or only a lead resolved one-sided at alpha by the race's own test, since a gain "
                            "inside the noise shows no more than none does (resolved: the round 25 candidate, "
                            "docs/demo.md)")

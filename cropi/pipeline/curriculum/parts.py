@@ -305,8 +305,8 @@ class _Stage:
         self._decide(dict(winner), first=True, to_pool=no_gain)
 
     def _race_no_gain(self, winner: dict) -> bool:
-        """``race_no_gain: pool`` (read from the plan: a stage planned before the option resumes as it began): the
-        stage's start read on the race's own sample (``race_start``: saved once, so a resumed race decides as it
+        """``race_no_gain`` restart or pool (read from the plan: a stage planned before the option resumes as it
+        began): the stage's start read on the race's own sample (``race_start``: saved once, so a resumed race decides as it
         began) and whether the winner's reading there shows no gain over the start's (``race_gain``: no higher, or
         under ``resolved`` not higher by more than the race's own test resolves), the paired gain recorded with that
         test."""
