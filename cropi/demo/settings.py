@@ -103,15 +103,18 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # the round 23 candidate (revision 23, the default until round 24):
                                        # a race whose winner shows no gain over the stage's start goes on at the
                                        # whole pool, from the winner's checkpoint
-                                       "checked_nogain": {"check": {"enabled": True, "race_no_gain": "pool"}},
+                                       "checked_nogain": {"check": {"enabled": True, "race_no_gain": "pool",
+                                                                    "race_gain": "any"}},
                                        # revision 22, the default before round 23: every race's winner goes on with
                                        # its own subset
                                        "checked_rev22": {"check": {"enabled": True, "race_no_gain": "keep"}},
-                                       # the round 24 candidate, now the default (revision 24): where a race shows
-                                       # no gain, the pool trains from the check's best checkpoint, not the winner's
-                                       "checked_restart": {"check": {"enabled": True, "race_no_gain": "restart"}},
-                                       # the round 25 candidate: a race's gain over the start counts only where
-                                       # resolved at alpha
+                                       # the round 24 candidate (revision 24, the default until round 25): where a
+                                       # race shows no gain, the pool trains from the check's best checkpoint, not
+                                       # the winner's
+                                       "checked_restart": {"check": {"enabled": True, "race_no_gain": "restart",
+                                                                     "race_gain": "any"}},
+                                       # the round 25 candidate, now the default (revision 25): a race's gain over
+                                       # the start counts only where resolved at alpha
                                        "checked_resolved": {"check": {"enabled": True, "race_gain": "resolved"}}}
 
 

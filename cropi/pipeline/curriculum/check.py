@@ -107,12 +107,12 @@ class CheckOptions(BaseModel):
                                "24); the same from the winner's checkpoint (or the best a confirmed fall restores) "
                                "(pool: revision 23); or with the winner's subset as any winner does (keep: revisions "
                                "8-22); needs race_sample: rest")
-    race_gain: Literal["any", "resolved"] = Field(
-        "any", description="what counts as a race's gain over the stage's start under race_no_gain (restart or "
-                           "pool): any lead of the winner's reading over the start's (any: issue 32's revisions "
-                           "23-24), or only a lead resolved one-sided at alpha by the race's own test, since a gain "
-                           "inside the noise shows no more than none does (resolved: the round 25 candidate, "
-                           "docs/demo.md)")
+    race_gain: Literal["resolved", "any"] = Field(
+        "resolved", description="what counts as a race's gain over the stage's start under race_no_gain (restart "
+                                "or pool): only a lead of the winner's reading over the start's resolved one-sided "
+                                "at alpha by the race's own test, since a gain inside the noise shows no more than "
+                                "none does (resolved: issue 32's revision 25, docs/demo.md round 25), or any lead "
+                                "above zero (any: revisions 23-24)")
     rerace: Literal["after_reversal", "never"] = Field(
         "after_reversal", description="a stage after one with a confirmed reversal begins with the race stage 0 "
                                       "runs (after_reversal: that fall measured one stage's subset, the next stage "

@@ -21,8 +21,10 @@ from cropi.utils.hashing import short_hash
 # blind_spot (19ec187), widened selection -> filled (4047630), sizing theta_0 -> stage_start (1e0a25a), widen_when
 # saturated -> stalled (ddfb16b, revision 16), race_length part -> sequential (001c144, revision 19), race_sample
 # check -> rest (6d8838d, revision 22), race_no_gain keep -> pool (the commit after 6253806, revision 23), race_no_gain
-# pool -> restart (the commit after 50459a6, revision 24).
-CHANGED_DEFAULTS = ("refresh", "widened", "sizing", "widen_when", "race_length", "race_sample", "race_no_gain")
+# pool -> restart (the commit after 50459a6, revision 24), race_gain any -> resolved (the commit after 2d973e6,
+# revision 25).
+CHANGED_DEFAULTS = ("refresh", "widened", "sizing", "widen_when", "race_length", "race_sample", "race_no_gain",
+                    "race_gain")
 
 # The checked curriculum's refresh (check.refresh): the status criterion at its decision point (a fresh group more
 # likely than not in the other status) and no cap, which would keep the blind spot for the prompts over it; both
