@@ -102,8 +102,8 @@ class CheckOptions(BaseModel):
                                "(the start read there too, paired prompt by prompt; race_gain says what counts): go "
                                "on at the whole pool, since neither ranked subset showed a gain at this fraction, "
                                "from the check's best checkpoint (the stage's start, or the curriculum's best where "
-                               "that read higher), which the race's own reading puts at least as high as the winner, "
-                               "the winner not made the best (restart: issue 32's revision 24, docs/demo.md round "
+                               "that read higher), over which the race's own reading showed the winner no gain, the "
+                               "winner not made the best (restart: issue 32's revision 24, docs/demo.md round "
                                "24); the same from the winner's checkpoint (or the best a confirmed fall restores) "
                                "(pool: revision 23); or with the winner's subset as any winner does (keep: revisions "
                                "8-22); needs race_sample: rest")

@@ -306,10 +306,10 @@ class _Stage:
 
     def _race_no_gain(self, winner: dict) -> bool:
         """``race_no_gain`` restart or pool (read from the plan: a stage planned before the option resumes as it
-        began): the stage's start read on the race's own sample (``race_start``: saved once, so a resumed race decides as it
-        began) and whether the winner's reading there shows no gain over the start's (``race_gain``: no higher, or
-        under ``resolved`` not higher by more than the race's own test resolves), the paired gain recorded with that
-        test."""
+        began): the stage's start read on the race's own sample (``race_start``: saved once, so a resumed race
+        decides as it began) and whether the winner's reading there shows no gain over the start's (``race_gain``:
+        under ``any`` no higher, under ``resolved`` not higher by more than the race's own test resolves), the paired
+        gain recorded with that test."""
         if self.plan.get("race_no_gain", "keep") == "keep" or "race_values" not in winner:
             return False
         if "race_start" not in self.record:
@@ -506,8 +506,8 @@ class _Stage:
     def _decide(self, entry: dict, first: bool = False, to_pool: bool = False) -> None:
         """Judge a part (``first``: the race's winner) against the best and set what the next part trains;
         ``to_pool``: the race's winner showed no gain over the start (``_race_no_gain``), so it goes on at the
-        whole pool; under ``race_no_gain: restart`` from the best checkpoint, the winner not made the best (the
-        race read it no higher than the start, a checkpoint the best reads at least as high as)."""
+        whole pool; under ``race_no_gain: restart`` from the best checkpoint, the winner not made the best (the race
+        read no gain of it over the start, a checkpoint the best reads at least as high as)."""
         best, pending = self._best(), {}
         verdict = self._judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]), screen=True)
         if verdict.action == "reverted" and entry["fraction"] >= 1 and self.opts.at_whole_pool == "keep":
