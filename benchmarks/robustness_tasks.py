@@ -113,3 +113,12 @@ SKILLS_HALF_COUNT = remix("skills_half_count", ("count",),
 HALF_BEFORE = remix("half_before", ("before",),
                     {"before": 0.5, **{s: 0.1 for s in ("max", "min", "after", "above", "nth")}},
                     "before, half the lists pool")
+# Fresh held-out readings of revision 25 (docs/demo.md, "Fresh held-out readings of revision 25"; committed with their
+# design, before any run on them): a rare target amid its opposite, the regime where a ranked subset is the real skill
+# (`amid`) and, reversed, where `informative` won (`max_amid_min`).
+BEFORE_AMID_AFTER = remix("before_amid_after", ("before",),
+                          {"before": 0.05, "after": 0.5, **{s: 0.1125 for s in ("max", "min", "above", "nth")}},
+                          "before, a twentieth of a pool half of which is after, its mirror")
+MIN_AMID_MAX = remix("min_amid_max", ("min",),
+                     {"min": 0.05, "max": 0.5, **{s: 0.1125 for s in ("after", "before", "above", "nth")}},
+                     "min, a twentieth of a pool half of which is max, its opposite")
