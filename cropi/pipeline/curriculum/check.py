@@ -358,9 +358,10 @@ def race_lead(winner: Mapping[str, np.ndarray], loser: Mapping[str, np.ndarray],
     """How far a race's winner read above its loser, and whether the sample resolves that lead: the paired change
     of the winner's reading over the loser's (both arms are read on the same prompts and random stream), its SE
     and degrees of freedom (``paired_change_df``), and the one-sided critical value at ``alpha`` for this one
-    comparison. Recorded beside the race, not acted on: the race keeps the arm that reads higher whatever this
-    says (docs/demo.md, "What a race resolves": on the six tasks measured, the arm that loses an unresolved race
-    did no better over the run than the one that won it, primary or not)."""
+    comparison. The race keeps the arm that reads higher whatever this says (docs/demo.md, "What a race resolves":
+    on the six tasks measured, the arm that loses an unresolved race did no better over the run than the one that
+    won it, primary or not); what it decides is whether a sequential race looks again, whether a saturated part is
+    still rising, and (``race_gain: resolved``) whether the winner's reading over the stage's start is a gain."""
     lead, se, df = paired_change_df(winner, loser)
     level = critical(z_value(1 - alpha), df, test)
     return {"lead": round(lead, 6), "se": round(se, 6), "df": round(df, 2), "critical": round(level, 4),
