@@ -122,3 +122,10 @@ BEFORE_AMID_AFTER = remix("before_amid_after", ("before",),
 MIN_AMID_MAX = remix("min_amid_max", ("min",),
                      {"min": 0.05, "max": 0.5, **{s: 0.1125 for s in ("after", "before", "above", "nth")}},
                      "min, a twentieth of a pool half of which is max, its opposite")
+# Fresh held-out readings of round 26 (docs/demo.md, "Round 26 candidate"; committed with its design, before any run on
+# them): a rare target amid a broad one in the skills family, and a broad lists target, where the pool is right.
+SKILLS_POS_AMID_COUNT = remix("skills_pos_amid_count", ("pos",),
+                              {"pos": 0.05, "count": 0.5, **{s: 0.1125 for s in ("maxd", "mind", "mod", "lastmul")}},
+                              "pos, a twentieth of a skills pool half of which is count", base=skills)
+HALF_NTH = remix("half_nth", ("nth",), {"nth": 0.5, **{s: 0.1 for s in ("max", "min", "after", "before", "above")}},
+                 "nth, half the lists pool")
