@@ -369,10 +369,7 @@ class PartTrainer:
         quality, lineage = _read(model)
         for _ in range(steps):
             lineage += 1
-            if arm == "diverse":
-                quality += self.fallback_step if self.fallback_drop is None else -self.fallback_drop
-            else:
-                quality += self.step if lineage <= self.turn else -self.drop
+            quality += self._gain(arm, lineage, Path(subset).name, stage)
         out = Path(out_dir)
         ckpt = out / "checkpoint"
         shutil.copytree(model, ckpt, ignore=shutil.ignore_patterns("quality.json"))
@@ -385,6 +382,13 @@ class PartTrainer:
         return StageResult(checkpoint=str(ckpt), steps_done=steps, global_step=lineage, stage=stage,
                            metrics={"zero_advantage_share": 0.25, "runtime_s": 0.01},
                            log_path=str(out / "train.log"), metrics_path=str(out / "metrics.jsonl"))
+
+
+    def _gain(self, arm: str, lineage: int, subset: str, stage: int) -> float:
+        """The quality a step on ``subset`` (its file name) adds."""
+        if arm == "diverse":
+            return self.fallback_step if self.fallback_drop is None else -self.fallback_drop
+        return self.step if lineage <= self.turn else -self.drop
 
 
 def _read(model) -> tuple[float, int]:
@@ -1578,3 +1582,124 @@ def test_a_race_gain_inside_the_noise_counts_as_none_under_race_gain_resolved(se
     assert resolved["race_start"]["no_gain"] is True and resolved["parts"][0]["widened_by"] == "no_gain"
     assert [e["fraction"] for e in resolved["parts"][1:]] == [1.0] * (len(resolved["parts"]) - 1)
     assert "no_gain" in resolved["end"]["cases"] and "no_gain" not in anything["end"]["cases"]
+
+
+class RevisitTrainer(PartTrainer):
+    """At stage 0 both arms' subsets lower the targets (the primary -0.01 a step, the fallback -0.005), so the race's
+    winner shows no gain and the no-gain action takes the whole pool. The pool (a subset at fraction 1) adds
+    ``pool_step`` a step at every stage; from stage 1 on a ranked subset adds ``later``."""
+
+    def __init__(self, *, pool_step: float, later: float, **kw):
+        super().__init__(step=-0.01, fallback_drop=0.005, **kw)
+        self.pool_step, self.later = pool_step, later
+
+    def _gain(self, arm: str, lineage: int, subset: str, stage: int) -> float:
+        if subset.endswith("-1.parquet"):
+            return self.pool_step
+        return self.later if stage >= 1 else super()._gain(arm, lineage, subset, stage)
+
+
+def _noisy_ranked(self, checkpoint, **_):
+    """``_scripted``, a ranked subset's race checkpoints (not the pool's) read with a per-prompt pattern of mean zero
+    (+-0.05): a small lead of theirs over the pool is inside the race's noise."""
+    readings, seconds = _scripted(self, checkpoint)
+    if "race-diverse-0.25" in str(checkpoint):
+        pattern = np.where(np.arange(40) % 2 == 0, 0.05, -0.05)
+        readings = {name: r + pattern for name, r in readings.items()}
+    return readings, seconds
+
+
+def _revisit_run(setup, monkeypatch, trainer, measure, name, stages=3, **check) -> tuple[list[dict], dict]:
+    """A curriculum of ``stages`` checked stages of 8 steps in 4 parts, a sequential race: its stage records and the
+    service's answer."""
+    monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: trainer)
+    monkeypatch.setattr(chk.ValidationSample, "measure", measure)
+    config = make_config(setup, name=name, stages=stages, steps_per_stage=8,
+                         check={"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "sequential", **check})
+    answer = run_curriculum(config, root=setup["root"])
+    doc = json.loads((Path(setup["root"]) / "curricula" / name / "state.json").read_text())
+    return [st["check"] for st in doc["stages"]], answer
+
+
+@pytest.mark.parametrize("case", ["ranked_resolves", "pool_resolves", "neither"])
+def test_the_pool_the_no_gain_action_took_is_revisited_by_a_race_against_the_ranked_subset(setup, monkeypatch, case):
+    """``pool_revisit: race`` (the round 26 candidate). Stage 0's race shows no gain, and the pool goes on (revision
+    25). Stage 1 then races the ranked subset the no-gain action left (the fallback at the curriculum's fraction) against
+    the pool, from the stage's start. Where the ranked subset gains 0.03 a step against the pool's 0.01 (noise-free:
+    resolved) it goes on at its fraction; where the pool gains more, resolved, the pool goes on and no later stage
+    revisits; where the ranked subset leads inside its noise, the pool, the decision in force, goes on and stage 2
+    revisits again. Under ``never`` (revision 25) the pool goes on unraced to the end, every stage the same as the
+    candidate's until its first revisit."""
+    later, pool_step, measure = {"ranked_resolves": (0.03, 0.01, _scripted), "pool_resolves": (0.0, 0.01, _scripted),
+                                 "neither": (0.011, 0.01, _noisy_ranked)}[case]
+    runs = {rule: _revisit_run(setup, monkeypatch, RevisitTrainer(pool_step=pool_step, later=later), measure,
+                               f"revisit-{case}-{rule}", pool_revisit=rule) for rule in ("never", "race")}
+    (never, _), (race, answer) = runs["never"], runs["race"]
+    for records in (never, race):  # stage 0: the no-gain action took the pool, in both
+        assert records[0]["race_start"]["no_gain"] is True and records[0]["end"]["fraction"] == 1.0
+    assert race[0]["plan"]["pool_revisit"] == "race" and never[0]["plan"]["pool_revisit"] == "never"
+    assert [(e["arm"], e["fraction"], e["objective"], e["action"]) for e in race[0]["parts"]] == [
+        (e["arm"], e["fraction"], e["objective"], e["action"]) for e in never[0]["parts"]]
+    ranked = (race[0]["parts"][0]["arm"], 0.25)  # the race's winner at the curriculum's fraction
+    assert ranked[0] == "diverse" and race[0]["end"]["revisit"] == {"arm": ranked[0], "fraction": ranked[1]}
+    assert "revisit" not in never[0]["end"] and all("race" not in r or not r["race"] for r in never[1:])
+    assert all(e["fraction"] == 1.0 for r in never[1:] for e in r["parts"])
+    one = race[1]
+    start = one["start"]
+    assert (start["arm"], start["fraction"]) == (ranked[0], 1.0)
+    # the two contestants, each trained from the stage's start, the ranked subset's steps first
+    sides = one.get("race_on") or one["race"]
+    assert sorted((e["fraction"], e["from"] == start["checkpoint"]) for e in one["race"]) == [(0.25, True), (1.0, True)]
+    by = {e["fraction"]: e for e in sides}
+    lead = one["revisit"]["lead"]
+    assert answer["stages"][1]["checks"]["revisit"] == one["revisit"]  # as the service shows it
+    higher, lower = (by[0.25], by[1.0]) if by[0.25]["race_objective"] > by[1.0]["race_objective"] else (by[1.0],
+                                                                                                       by[0.25])
+    assert lead["lead"] == pytest.approx(higher["race_objective"] - lower["race_objective"], abs=2e-6)
+    first = one["parts"][0]
+    if case == "ranked_resolves":
+        assert one["revisit"] | {"lead": None} == {"arm": "diverse", "fraction": 0.25, "higher": "ranked",
+                                                  "went_on": "ranked", "lead": None}
+        assert lead["resolved"] and by[0.25]["race"] == "won" and first["fraction"] == 0.25
+        assert one["race_start"]["no_gain"] is False  # and its gain over the start resolved: it goes on
+        assert all(e["fraction"] == 0.25 for e in one["parts"]) and "revisit" not in one["end"]
+        assert "race" not in race[2] or not race[2].get("race")  # nothing left to revisit
+        return
+    assert first["fraction"] == 1.0 and by[1.0]["race"] == "won" and "race_start" not in one
+    assert first["action"] == "race_won+kept" and "widened_by" not in first
+    assert all(e["fraction"] == 1.0 for e in one["parts"])
+    if case == "pool_resolves":
+        assert one["revisit"]["higher"] == "pool" and lead["resolved"] and "revisit" not in one["end"]
+        assert not race[2].get("race")  # the question is settled: no third race
+        return
+    assert one["revisit"]["higher"] == "ranked" and one["revisit"]["went_on"] == "pool" and not lead["resolved"]
+    assert lead["lead"] > 0 and one["end"]["revisit"] == {"arm": "diverse", "fraction": 0.25}
+    assert race[2]["revisit"]["arm"] == "diverse" and len(race[2]["race"]) == 2  # asked again, a stage later
+
+
+def test_a_curriculum_killed_inside_a_revisit_race_resumes_it_without_repeating_a_part(setup, monkeypatch):
+    """Killed at the pool's first half of stage 1's revisit (the ranked subset's half trained and saved), a rerun
+    trains only what is left and ends as the run that was never killed, part for part."""
+    whole = RevisitTrainer(pool_step=0.01, later=0.03)
+    records, _ = _revisit_run(setup, monkeypatch, whole, _scripted, "revisit-whole", stages=2, pool_revisit="race")
+    at = next(i for i, c in enumerate(whole.calls, 1) if c["stage"] == 1 and c["subset"].endswith("-1.parquet"))
+    killed = RevisitTrainer(pool_step=0.01, later=0.03, crash_at=at)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _revisit_run(setup, monkeypatch, killed, _scripted, "revisit-killed", stages=2, pool_revisit="race")
+    resumed = RevisitTrainer(pool_step=0.01, later=0.03)
+    again, _ = _revisit_run(setup, monkeypatch, resumed, _scripted, "revisit-killed", stages=2, pool_revisit="race")
+    assert len(killed.calls) + len(resumed.calls) == len(whole.calls) + 1  # the killed call alone is trained again
+    shape = lambda rs: [[(e["arm"], e["fraction"], e["objective"], e.get("race"), e.get("action"))  # noqa: E731
+                         for e in (*r.get("race", []), *r.get("race_on", []), *r["parts"])] for r in rs]
+    assert shape(again) == shape(records) and again[1]["revisit"] == records[1]["revisit"]
+
+
+def test_the_revisit_changes_nothing_where_no_race_took_the_pool(setup, monkeypatch):
+    """Where every race's winner gains (the default trainer), no stage ends holding the pool by the no-gain action:
+    under ``pool_revisit: race`` the curriculum is revision 25's part for part, and no stage records a revisit."""
+    runs = {rule: _revisit_run(setup, monkeypatch, PartTrainer(), _scripted, f"no-revisit-{rule}",
+                               pool_revisit=rule)[0] for rule in ("never", "race")}
+    shape = lambda rs: [[(e["arm"], e["fraction"], e["objective"], e.get("race"), e.get("action"))  # noqa: E731
+                         for e in (*r.get("race", []), *r.get("race_on", []), *r["parts"])] for r in rs]
+    assert shape(runs["race"]) == shape(runs["never"])
+    assert not any("revisit" in r or "revisit" in r["end"] for r in runs["race"])

@@ -359,6 +359,10 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_gain="resolved")}
                           ).resume_key() == "d5ca290d348b234d"  # the default since round 25, unnamed in the key
     assert "8e6a4fab0a0608ab" in off.resume_keys()  # round 25's candidate, named before it was the default (2d973e6)
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, pool_revisit="never")}
+                          ).resume_key() == "d5ca290d348b234d"  # revision 25's pool, unnamed in the key
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, pool_revisit="race")}
+                          ).resume_key() != "d5ca290d348b234d"  # and the revisit (round 26's candidate)
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, widen_when="saturated")}
                           ).resume_key() != "d5ca290d348b234d"  # and revision 12's widening, since round 16 not the default
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, best_of="stage")}

@@ -150,7 +150,9 @@ def _race_lines(records: dict) -> list[str]:
             "value at the check's alpha. A sequential race (`check.race_length: sequential`) is read first at half a "
             "part: where that lead is resolved it stops there, else both arms train on to a whole part, whose lead "
             "the row gives. With `check.race_unresolved: fallback` a race whose lead is not resolved goes on with "
-            "the fallback, the row giving the higher reading's lead:", "",
+            "the fallback, the row giving the higher reading's lead. With `check.pool_revisit: race` a stage after "
+            "one that ended holding the pool by the no-gain action races the ranked subset against the pool "
+            "(`revisit`), the ranked subset going on only where its lead is resolved:", "",
             "| method | seed | stage | won | lead | SE | lead / SE | resolved | first look (lead / SE) |",
             "|---|---|---|---|---|---|---|---|---|", *rows]
 
@@ -171,6 +173,10 @@ def _races(m: str, st: dict):
     if lead and sides:
         unresolved = st.get("race_unresolved")  # race_unresolved: fallback, the higher reading not resolved
         won = f"{sides[0]['arm']} (fallback; {unresolved['higher']} read higher)" if unresolved else sides[0]["arm"]
+        revisit = st.get("revisit")  # pool_revisit: race, the ranked subset against the pool
+        if revisit:
+            won = (f"revisit: {revisit['went_on']} ({revisit['arm']} {revisit['fraction']:g} against the pool; "
+                   f"{revisit['higher']} read higher)")
         yield m, won, lead, st.get("race_first_look")
     for race in st.get("widen_races") or []:
         if race.get("lead"):

@@ -115,7 +115,10 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                                                      "race_gain": "any"}},
                                        # the round 25 candidate, now the default (revision 25): a race's gain over
                                        # the start counts only where resolved at alpha
-                                       "checked_resolved": {"check": {"enabled": True, "race_gain": "resolved"}}}
+                                       "checked_resolved": {"check": {"enabled": True, "race_gain": "resolved"}},
+                                       # the round 26 candidate: the pool the no-gain action took is revisited by a
+                                       # race of the ranked subset against it
+                                       "checked_revisit": {"check": {"enabled": True, "pool_revisit": "race"}}}
 
 
 def is_checked(method: str) -> bool:

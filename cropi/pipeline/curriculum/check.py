@@ -113,6 +113,14 @@ class CheckOptions(BaseModel):
                                 "at alpha by the race's own test, since a gain inside the noise shows no more than "
                                 "none does (resolved: issue 32's revision 25, docs/demo.md round 25), or any lead "
                                 "above zero (any: revisions 23-24)")
+    pool_revisit: Literal["never", "race"] = Field(
+        "never", description="a stage after one that ended holding the whole pool by the no-gain action (race_no_gain) "
+                             "begins with a race from its start between the ranked subset that action left (its arm "
+                             "and fraction) and the pool, run as the arms' race runs; the pool, the decision in "
+                             "force, goes on unless the ranked subset's lead over it is resolved one-sided at alpha, "
+                             "and the next stage races again while neither lead is resolved (race: the round 26 "
+                             "candidate, docs/demo.md); or the pool is kept to the curriculum's end (never: "
+                             "revisions 23-25)")
     rerace: Literal["after_reversal", "never"] = Field(
         "after_reversal", description="a stage after one with a confirmed reversal begins with the race stage 0 "
                                       "runs (after_reversal: that fall measured one stage's subset, the next stage "

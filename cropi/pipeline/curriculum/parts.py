@@ -109,6 +109,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
             "widen_check": opts.widen_check, "screen_z": round(chk.screen_z(opts, len(steps)), 6),
             "race_length": opts.race_length, "widen_when": opts.widen_when, "race_unresolved": opts.race_unresolved,
             "race_sample": opts.race_sample, "race_no_gain": opts.race_no_gain, "race_gain": opts.race_gain,
+            "pool_revisit": opts.pool_revisit,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
@@ -157,8 +158,14 @@ class _Stage:
         # (read from the plan: a stage planned before revision 8 resumes as it began, unraced)
         again = (bool(previous) and self.plan.get("rerace", "never") == "after_reversal"
                  and "reversed" in (previous["cases"] or []))
-        self.races = (self.opts.race and (m == 0 or again) and self.arms[0] != self.arms[1]
-                      and len(self.plan["steps"]) >= 2 and self._begins_with(previous)[1] < 1)
+        # and a stage after one that ended holding the pool by the no-gain action races the ranked subset that action
+        # left against the pool (pool_revisit: race, round 26; read from the plan: a stage planned before the option
+        # resumes as it began)
+        self.revisit = (previous.get("revisit") if previous and self.plan.get("pool_revisit", "never") == "race"
+                        else None)
+        self.races = self.opts.race and len(self.plan["steps"]) >= 2 and (
+            bool(self.revisit) or ((m == 0 or again) and self.arms[0] != self.arms[1]
+                                   and self._begins_with(previous)[1] < 1))
         sets = {n: load_prompts(p) for n, p in config.validation.items()}
         self.sample, held_out = chk.ValidationSample.draw_pair(sets, self.plan["prompts_per_set"], config.seed,
                                                                self.plan["samples"])
@@ -269,9 +276,9 @@ class _Stage:
         start = self.record["start"]
         entries = self.record.setdefault("race", [])
         whole, steps = self._race_steps()
-        for arm in self.arms[len(entries):]:
-            entry = self._train(0, arm, start["fraction"], start["checkpoint"], start["spent"], tag=f"race-{arm}",
-                                steps=steps)
+        for arm, fraction in self._contestants()[len(entries):]:
+            entry = self._train(0, arm, fraction, start["checkpoint"], start["spent"], tag=self._race_tag(arm, fraction),
+                                steps=steps, side=self._side(arm, fraction))
             entries.append(self._race_read(entry))
             self.state.save()
         legs, halves = entries, None
@@ -283,26 +290,54 @@ class _Stage:
                 legs = self.record.setdefault("race_on", [])  # each arm's other half, in the arms' order
                 for e in entries[len(legs):]:
                     legs.append(self._race_read(self._train(0, e["arm"], e["fraction"], e["checkpoint"],
-                                                            start["spent"], tag=f"race-{e['arm']}-on",
-                                                            steps=whole - steps, seed_part=_RACE_ON) | {"leg": "on"}))
+                                                            start["spent"],
+                                                            tag=f"{self._race_tag(e['arm'], e['fraction'])}-on",
+                                                            steps=whole - steps, seed_part=_RACE_ON,
+                                                            side=self._side(e["arm"], e["fraction"])) | {"leg": "on"}))
                     self.state.save()
         winner, loser = self._ranked(legs)
         read = self._race_lead(winner, loser)
-        if self.plan.get("race_unresolved", "higher") == "fallback" and winner["arm"] != self.arms[1] \
+        if self.revisit:  # the pool, the decision in force, goes on unless the ranked subset's lead is resolved
+            self.record["revisit"] = {"arm": self.revisit["arm"], "fraction": self.revisit["fraction"],
+                                      "higher": "pool" if winner["fraction"] >= 1 else "ranked", "lead": read}
+            if winner["fraction"] < 1 and not read["resolved"]:
+                winner, loser = loser, winner
+            self.record["revisit"]["went_on"] = "pool" if winner["fraction"] >= 1 else "ranked"
+        elif self.plan.get("race_unresolved", "higher") == "fallback" and winner["arm"] != self.arms[1] \
                 and not read["resolved"]:  # the race cannot tell its arms apart: the smaller downside goes on
             self.record["race_unresolved"] = {"went_on": self.arms[1], "higher": winner["arm"], "lead": read}
             winner, loser = loser, winner
         if legs is not entries:  # a whole part each, as two halves: each arm's first half before its other
-            halves = tuple(next(e for e in entries if e["arm"] == side["arm"]) for side in (winner, loser))
+            halves = tuple(next(e for e in entries if (e["arm"], e["fraction"]) == (side["arm"], side["fraction"]))
+                           for side in (winner, loser))
         self._settle(winner, loser, start["spent"], halves)
         self.record["race_lead"] = read  # the higher reading's lead: the winner's, but where the fallback went on
         if halves:
             self.record["race"], self.record["race_on"] = [halves[1], halves[0]], [loser, winner]
         else:
             self.record["race"] = [loser, winner]
-        no_gain = self._race_no_gain(winner)
+        # the pool going on from a revisit is the no-gain action's draw already: judged as any part
+        no_gain = not (self.revisit and winner["fraction"] >= 1) and self._race_no_gain(winner)
         self.record["raced"] = True
         self._decide(dict(winner), first=True, to_pool=no_gain)
+
+    def _contestants(self) -> list[tuple[str, float]]:
+        """A race's (arm, fraction) pairs, in the order they train: the two arms at the stage's start fraction, or in a
+        revisit (``pool_revisit: race``) the ranked subset the no-gain action left, then the pool the stage began
+        with."""
+        start = self.record["start"]
+        if self.revisit:
+            return [(self.revisit["arm"], self.revisit["fraction"]), (start["arm"], start["fraction"])]
+        return [(arm, start["fraction"]) for arm in self.arms]
+
+    def _side(self, arm: str, fraction: float) -> int:
+        """A race contestant's index, the arm digit of its parts' seeds: the arms' order, in a revisit the ranked
+        subset 0 and the pool 1."""
+        return self._contestants().index((arm, fraction))
+
+    def _race_tag(self, arm: str, fraction: float) -> str:
+        """A race entry's folder: the arm's (a revisit's contestants share their arm: the fraction's too)."""
+        return f"race-{arm}-{fraction:g}" if self.revisit else f"race-{arm}"
 
     def _race_no_gain(self, winner: dict) -> bool:
         """``race_no_gain`` restart or pool (read from the plan: a stage planned before the option resumes as it
@@ -341,8 +376,9 @@ class _Stage:
 
     def _ranked(self, entries: list[dict]) -> tuple[dict, dict]:
         """A race's two entries as (the higher objective, the other, on what the race read); a tie to the
-        primary."""
-        winner = max(entries, key=lambda e: (e.get("race_objective", e["objective"]), e["arm"] == self.arms[0]))
+        primary, in a revisit to the pool."""
+        first = (lambda e: e["fraction"] >= 1) if self.revisit else (lambda e: e["arm"] == self.arms[0])
+        winner = max(entries, key=lambda e: (e.get("race_objective", e["objective"]), first(e)))
         return winner, next(e for e in entries if e is not winner)
 
     def _race_steps(self) -> tuple[int, int]:
@@ -449,7 +485,24 @@ class _Stage:
             out["best"] = dict(self._best())
         if cur.get("race_wider"):  # saturated with no room left to race: the next stage begins with the race
             out["race_wider"] = cur["race_wider"]
+        revisit = self._revisit_next(cur)
+        if revisit:
+            out["revisit"] = revisit
         return out
+
+    def _revisit_next(self, cur: dict) -> dict | None:
+        """``pool_revisit: race``: the ranked subset (arm, fraction) the next stage races against the pool, where this
+        stage ends holding the pool by the no-gain action (it widened to the pool here, or a revisit left the pool
+        on with neither lead resolved); None otherwise."""
+        if self.plan.get("pool_revisit", "never") != "race" or cur["fraction"] < 1:
+            return None
+        widened = next((e for e in self.record["parts"] if e.get("widened_by") == "no_gain"), None)
+        if widened:
+            return {"arm": widened["arm"], "fraction": widened["fraction"]}
+        revisit = self.record.get("revisit")
+        if revisit and revisit["went_on"] == "pool" and not (revisit["higher"] == "pool" and revisit["lead"]["resolved"]):
+            return {"arm": revisit["arm"], "fraction": revisit["fraction"]}
+        return None
 
     def trained(self) -> dict:
         parts = self._spent_parts()
@@ -476,7 +529,7 @@ class _Stage:
     # ------------------------------------------------------------------ the pieces
 
     def _train(self, j: int, arm: str, fraction: float, model: str, spent: int, *, tag: str, steps: int,
-               seed_part: int | None = None) -> dict:
+               seed_part: int | None = None, side: int | None = None) -> dict:
         import time
 
         began = time.monotonic()
@@ -488,7 +541,8 @@ class _Stage:
         self.progress(f"part {j} ({arm}, {fraction:g})", j, len(self.plan["steps"]))
         result = self.trainer.train_stage(model=model, subset=str(subset), out_dir=str(out / "train"), steps=steps,
                                           seed=_part_seed(self.config.seed, self.m,
-                                                          j if seed_part is None else seed_part, self.arms.index(arm)),
+                                                          j if seed_part is None else seed_part,
+                                                          self.arms.index(arm) if side is None else side),
                                           stage=self.m, reward=self.config.reward)
         values, check_s = self._measure(result.checkpoint)
         share = result.metrics.get("zero_advantage_share")

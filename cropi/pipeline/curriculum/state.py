@@ -141,6 +141,7 @@ def check_summary(stage: dict) -> dict:
             **({"race_start": {k: record["race_start"].get(k) for k in ("objective", "draws", "gain", "no_gain")}}
                if record.get("race_start") else {}),
             **({"race_on": [check(e) for e in record["race_on"]]} if record.get("race_on") else {}),
+            **({"revisit": record["revisit"]} if record.get("revisit") else {}),
             "parts": [check(e) for e in record.get("parts", [])],
             **({"widen_races": [{"part": r["part"], "arm": r["arm"], "fractions": r["fractions"],
                                  "winner": r.get("winner"), "lead": r.get("lead"),
@@ -148,6 +149,7 @@ def check_summary(stage: dict) -> dict:
                if record.get("widen_races") else {}),
             "end": {k: end.get(k) for k in ("arm", "fraction", "objective", "change", "margin", "cases")} | (
                 {"race_wider": end["race_wider"]} if end.get("race_wider") else {}) | (
+                {"revisit": end["revisit"]} if end.get("revisit") else {}) | (
                 {"best": _best_summary(start.get("best"))} if end else {})}
 
 
