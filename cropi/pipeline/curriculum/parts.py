@@ -11,7 +11,9 @@ curriculum resumes at the part it was in without repeating or losing a decision:
     race     stage 0, and a stage after a confirmed reversal: the first part trained with each arm from the
              stage's start (the better goes on); ``race_lead``: how far it led, its SE, and whether resolved (with
              `race_length: sequential` each arm's first half, ``race_first_look`` its lead, and where that was not
-             resolved ``race_on``: each arm's other half, on from its own first half)
+             resolved ``race_on``: each arm's other half, on from its own first half); with `pool_revisit: race`,
+             a stage after one that ended holding the pool by the no-gain action races the ranked subset that action
+             left against the pool instead (``revisit``: the ranked subset, which read higher, the lead, which went on)
     parts    per part: arm, fraction, steps, checkpoint (and with `widened: filled`, how many of a widened
              subset's prompts the fill drew, with `no_harm` also how many pool prompts of negative gain it left
              out: `negative`; a subset short of a batch: its fill and its `warnings`), the
@@ -23,7 +25,8 @@ curriculum resumes at the part it was in without repeating or losing a decision:
              fraction, both entries trained from one checkpoint (the winner is also that part of ``parts``), the
              winner's fraction and ``lead``; a saturated part records the race it asks for (``saturated``)
     end      the stage's checkpoint, objective, case(s), the arm and fraction later stages take (and
-             ``race_wider``: a widening race still pending, which the next stage begins with)
+             ``race_wider``: a widening race still pending, which the next stage begins with; ``revisit``: the ranked
+             subset the next stage races against the pool)
 
 The best a fall is measured against starts as the previous stage's (``best_of: run``) where it reads higher
 than the stage's start: a restore may go back to an earlier stage's checkpoint.
