@@ -1703,3 +1703,36 @@ def test_the_revisit_changes_nothing_where_no_race_took_the_pool(setup, monkeypa
                          for e in (*r.get("race", []), *r.get("race_on", []), *r["parts"])] for r in rs]
     assert shape(runs["race"]) == shape(runs["never"])
     assert not any("revisit" in r or "revisit" in r["end"] for r in runs["race"])
+
+
+def test_the_no_gain_action_under_no_gain_draw_mixed_trains_the_pools_mixed_prompts(setup, monkeypatch):
+    """``no_gain_draw: mixed`` (the round 27 candidate). Stage 0's race shows no gain; the stage goes on from its start
+    with every pool prompt whose group is mixed at the stage's ranking (its offline pass rate strictly between 0 and
+    1, read here from the stage's own trajectory store), none filled from the rest of the pool; stage 1 begins with
+    the same draw read at its own ranking. Under ``pool`` (revision 25) those parts train the whole pool; everything
+    before the no-gain action is the same."""
+    from cropi.contracts import POOL
+    from cropi.data.readers import load_prompts
+    from cropi.store import TrajectoryStore
+
+    runs = {draw: _revisit_run(setup, monkeypatch, RevisitTrainer(pool_step=0.01, later=0.0), _scripted,
+                               f"draw-{draw}", stages=2, no_gain_draw=draw)[0] for draw in ("pool", "mixed")}
+    pool, mixed = runs["pool"], runs["mixed"]
+    doc = json.loads((Path(setup["root"]) / "curricula" / "draw-mixed" / "state.json").read_text())
+    every = {r.prompt_id for r in load_prompts(make_config(setup, name="x").pool)}
+    store = TrajectoryStore.open(doc["stages"][0]["scored"]["trajectories"][POOL])
+    rates = {t.prompt_id: [r for r in t.rewards if r is not None] for t in store.iter_prompts()}
+    want = {p for p, rs in rates.items() if rs and 0 < sum(rs) / len(rs) < 1}
+    assert 0 < len(want) < len(every)  # the pool holds both kinds, so the draw is neither empty nor the pool
+    first = mixed[0]["parts"][0]
+    assert first["widened_by"] == "no_gain" and first["no_gain_draw"] == "mixed"
+    assert first["then"] == {"arm": "mixed", "fraction": 1.0, "checkpoint": mixed[0]["start"]["checkpoint"]}
+    assert [(e["arm"], e["objective"], e["race"]) for e in mixed[0]["race"]] == [
+        (e["arm"], e["objective"], e["race"]) for e in pool[0]["race"]]
+    for e in mixed[0]["parts"][1:]:
+        assert e["arm"] == "mixed" and {r.prompt_id for r in load_prompts(e["subset"])} == want
+        assert e["filled"] is None  # none drawn from the rest of the pool
+    for e in pool[0]["parts"][1:]:
+        assert {r.prompt_id for r in load_prompts(e["subset"])} == every
+    assert mixed[1]["start"]["arm"] == "mixed" and "race" not in mixed[1]
+    assert all(e["arm"] == "mixed" and Path(e["subset"]).name == "mixed-1.parquet" for e in mixed[1]["parts"])

@@ -363,6 +363,10 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
                           ).resume_key() == "d5ca290d348b234d"  # revision 25's pool, unnamed in the key
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, pool_revisit="race")}
                           ).resume_key() != "d5ca290d348b234d"  # and the revisit (round 26's candidate)
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, no_gain_draw="pool")}
+                          ).resume_key() == "d5ca290d348b234d"  # revision 25's no-gain draw, unnamed in the key
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, no_gain_draw="mixed")}
+                          ).resume_key() != "d5ca290d348b234d"  # and the mixed draw (round 27's candidate)
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, widen_when="saturated")}
                           ).resume_key() != "d5ca290d348b234d"  # and revision 12's widening, since round 16 not the default
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, best_of="stage")}

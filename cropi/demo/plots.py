@@ -25,7 +25,8 @@ COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_ra
           "checked_rev16": "slategray", "checked_unres": "firebrick",
           "checked_raceread": "darkgoldenrod", "checked_rev19": "darkslategray", "checked_nogain": "mediumvioletred",
           "checked_rev22": "darkkhaki", "checked_restart": "mediumturquoise",
-          "checked_resolved": "indigo", "checked_revisit": "orangered"}
+          "checked_resolved": "indigo", "checked_revisit": "orangered",
+          "checked_mixed": "saddlebrown"}
 _SPARE = ("lime", "teal", "magenta", "sienna", "slateblue", "darkgreen", "crimson", "peru")
 
 

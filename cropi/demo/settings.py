@@ -118,7 +118,9 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "checked_resolved": {"check": {"enabled": True, "race_gain": "resolved"}},
                                        # the round 26 candidate: the pool the no-gain action took is revisited by a
                                        # race of the ranked subset against it
-                                       "checked_revisit": {"check": {"enabled": True, "pool_revisit": "race"}}}
+                                       "checked_revisit": {"check": {"enabled": True, "pool_revisit": "race"}},
+                                       # the round 27 candidate: the no-gain action trains the pool's mixed prompts
+                                       "checked_mixed": {"check": {"enabled": True, "no_gain_draw": "mixed"}}}
 
 
 def is_checked(method: str) -> bool:

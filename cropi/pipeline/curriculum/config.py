@@ -164,7 +164,8 @@ class CurriculumConfig(ScoringSettings):
         # added later: curricula started before keep their key
         later = ("confirm_on", "at_whole_pool", "best_of", "test", "rerace", "refresh", "widened", "sizing",
                  "saturation_reference", "widen_check", "screen", "race_length", "widen_when", "race_unresolved",
-                 "race_sample", "race_no_gain", "race_gain", "pool_revisit")
+                 "race_sample", "race_no_gain", "race_gain", "pool_revisit",
+                 "no_gain_draw")
         for name in later:
             if doc["check"][name] == getattr(CheckOptions(), name) and name not in named:
                 doc["check"].pop(name)

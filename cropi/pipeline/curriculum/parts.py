@@ -112,7 +112,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
             "widen_check": opts.widen_check, "screen_z": round(chk.screen_z(opts, len(steps)), 6),
             "race_length": opts.race_length, "widen_when": opts.widen_when, "race_unresolved": opts.race_unresolved,
             "race_sample": opts.race_sample, "race_no_gain": opts.race_no_gain, "race_gain": opts.race_gain,
-            "pool_revisit": opts.pool_revisit,
+            "pool_revisit": opts.pool_revisit, "no_gain_draw": opts.no_gain_draw,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
         plan["samples_raised"] = (f"validation sets of {smallest} prompts hold {per} x {n}, not the "
@@ -545,7 +545,7 @@ class _Stage:
         result = self.trainer.train_stage(model=model, subset=str(subset), out_dir=str(out / "train"), steps=steps,
                                           seed=_part_seed(self.config.seed, self.m,
                                                           j if seed_part is None else seed_part,
-                                                          self.arms.index(arm) if side is None else side),
+                                                          self._digit(arm) if side is None else side),
                                           stage=self.m, reward=self.config.reward)
         values, check_s = self._measure(result.checkpoint)
         share = result.metrics.get("zero_advantage_share")
@@ -559,6 +559,10 @@ class _Stage:
                 "select_s": round(select_s, 3), "check_s": round(check_s, 3),
                 "metrics": {k: v for k, v in result.metrics.items()}, "metrics_path": result.metrics_path,
                 "log": result.log_path}
+
+    def _digit(self, arm: str) -> int:
+        """An arm's digit in its parts' seeds: its place in the plan's arms; the mixed draw's after them."""
+        return self.arms.index(arm) if arm in self.arms else len(self.arms)
 
     def _decide(self, entry: dict, first: bool = False, to_pool: bool = False) -> None:
         """Judge a part (``first``: the race's winner) against the best and set what the next part trains;
@@ -597,6 +601,8 @@ class _Stage:
                     fraction = _widen(entry, fraction, "saturation")
         if to_pool and fraction < 1:
             fraction = _widen(entry, fraction, "no_gain", to=1.0)
+            if self.plan.get("no_gain_draw", "pool") == "mixed":  # the pool less its all-equal groups
+                arm = entry["no_gain_draw"] = MIXED
         entry["then"] = {"arm": arm, "fraction": fraction, "checkpoint": checkpoint} | pending
         self.record["start"]["current"] = entry["then"]
         self.record["parts"].append(entry)
@@ -675,9 +681,10 @@ class _Stage:
             return Path(stage["selected"]["subset"])
         path = self.paths.stage(self.m) / "subsets" / f"{arm}-{fraction:g}.parquet"
         if not path.is_file():
-            ids = self.selector(arm, fraction)
+            # the mixed draw (no_gain_draw: mixed) is informative's every candidate, never filled from the rest
+            ids = self.selector(_MIXED_SELECTOR if arm == MIXED else arm, fraction)
             path.parent.mkdir(parents=True, exist_ok=True)
-            batch, widened, own = steps.batch_of(self.trainer), self._fills(fraction), len(ids)
+            batch, widened, own = steps.batch_of(self.trainer), self._fills(fraction) and arm != MIXED, len(ids)
             if widened or own < batch:  # its count first: a kill before the subset is written leaves none to reuse
                 note = {}
                 if widened:  # filled to its share of the pool (and to a batch, should that share be smaller)
@@ -810,6 +817,9 @@ def _split(steps: int, parts: int) -> list[int]:
     n = max(1, min(parts, steps))
     return [steps // n + (1 if i < steps % n else 0) for i in range(n)]
 
+
+MIXED = "mixed"  # the no-gain action's draw under no_gain_draw: mixed, as a stage's arm
+_MIXED_SELECTOR = "informative"  # whose candidates are exactly the pool's prompts with mixed groups
 
 _RACE_ON = 99  # the part index a sequential race's other halves are seeded as: no part's (a stage has at most 64)
 

@@ -120,7 +120,8 @@ def check_summary(stage: dict) -> dict:
     if not trained.get("checked"):
         return {"checked": False, "reason": trained.get("unchecked") or record.get("unchecked")}
     keys = ("index", "arm", "fraction", "steps", "objective", "change", "se", "margin", "action", "zero_share",
-            "widened", "widened_by", "race", "n_prompts", "filled", "warnings", "saturated", "widen_race", "leg")
+            "widened", "widened_by", "race", "n_prompts", "filled", "warnings", "saturated", "widen_race", "leg",
+            "no_gain_draw")
     start, end = record.get("start", {}), record.get("end", {})
 
     fresh_keys = ("objective", "change", "se", "margin", "action", "stream", "on", "prompts", "best_part", "best_stage")
