@@ -1400,7 +1400,8 @@ def _one_raced_stage(setup, monkeypatch, trainer, measure, name, **check) -> tup
     monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: trainer)
     monkeypatch.setattr(chk.ValidationSample, "measure", measure)
     config = make_config(setup, name=name, stages=1, steps_per_stage=8,
-                         check={"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "sequential", **check})
+                         check={"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "sequential",
+                                "no_gain_draw": "pool", **check})  # revisions 23-25's draw, unless a test names one
     answer = _check(run_curriculum(config, root=setup["root"]), 0)
     record = json.loads((Path(setup["root"]) / "curricula" / config.name / "state.json").read_text())
     return record["stages"][0]["check"], answer, config
@@ -1615,7 +1616,8 @@ def _revisit_run(setup, monkeypatch, trainer, measure, name, stages=3, **check) 
     monkeypatch.setattr(loop, "make_trainer", lambda *a, **k: trainer)
     monkeypatch.setattr(chk.ValidationSample, "measure", measure)
     config = make_config(setup, name=name, stages=stages, steps_per_stage=8,
-                         check={"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "sequential", **check})
+                         check={"parts": 4, "samples": 8, "resolve": 0.5, "race_length": "sequential",
+                                "no_gain_draw": "pool", **check})  # revisions 23-25's draw, unless a test names one
     answer = run_curriculum(config, root=setup["root"])
     doc = json.loads((Path(setup["root"]) / "curricula" / name / "state.json").read_text())
     return [st["check"] for st in doc["stages"]], answer

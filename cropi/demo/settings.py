@@ -104,7 +104,7 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # a race whose winner shows no gain over the stage's start goes on at the
                                        # whole pool, from the winner's checkpoint
                                        "checked_nogain": {"check": {"enabled": True, "race_no_gain": "pool",
-                                                                    "race_gain": "any"}},
+                                                                    "race_gain": "any", "no_gain_draw": "pool"}},
                                        # revision 22, the default before round 23: every race's winner goes on with
                                        # its own subset
                                        "checked_rev22": {"check": {"enabled": True, "race_no_gain": "keep"}},
@@ -112,14 +112,17 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # race shows no gain, the pool trains from the check's best checkpoint, not
                                        # the winner's
                                        "checked_restart": {"check": {"enabled": True, "race_no_gain": "restart",
-                                                                     "race_gain": "any"}},
-                                       # the round 25 candidate, now the default (revision 25): a race's gain over
-                                       # the start counts only where resolved at alpha
-                                       "checked_resolved": {"check": {"enabled": True, "race_gain": "resolved"}},
+                                                                     "race_gain": "any", "no_gain_draw": "pool"}},
+                                       # the round 25 candidate (revision 25, the default until round 27): a race's
+                                       # gain over the start counts only where resolved at alpha, the pool its draw
+                                       "checked_resolved": {"check": {"enabled": True, "race_gain": "resolved",
+                                                                      "no_gain_draw": "pool"}},
                                        # the round 26 candidate: the pool the no-gain action took is revisited by a
                                        # race of the ranked subset against it
-                                       "checked_revisit": {"check": {"enabled": True, "pool_revisit": "race"}},
-                                       # the round 27 candidate: the no-gain action trains the pool's mixed prompts
+                                       "checked_revisit": {"check": {"enabled": True, "pool_revisit": "race",
+                                                                     "no_gain_draw": "pool"}},
+                                       # the round 27 candidate, now the default (revision 26): the no-gain action
+                                       # trains the pool's mixed prompts
                                        "checked_mixed": {"check": {"enabled": True, "no_gain_draw": "mixed"}}}
 
 

@@ -113,12 +113,12 @@ class CheckOptions(BaseModel):
                                 "at alpha by the race's own test, since a gain inside the noise shows no more than "
                                 "none does (resolved: issue 32's revision 25, docs/demo.md round 25), or any lead "
                                 "above zero (any: revisions 23-24)")
-    no_gain_draw: Literal["pool", "mixed"] = Field(
-        "pool", description="what the no-gain action (race_no_gain) trains: the whole pool (pool: revisions 23-25), or "
-                            "every pool prompt whose group is mixed at the stage's ranking, informative's candidates, "
-                            "all of them and not filled from the rest (mixed: the round 27 candidate, docs/demo.md): an "
-                            "all-equal group's advantage, and so its gradient, is exactly zero, and under token-mean "
-                            "its tokens still dilute the step")
+    no_gain_draw: Literal["mixed", "pool"] = Field(
+        "mixed", description="what the no-gain action (race_no_gain) trains: every pool prompt whose group is mixed at "
+                             "the stage's ranking, informative's candidates, all of them and not filled from the rest "
+                             "(mixed: issue 32's revision 26, docs/demo.md round 27; an all-equal group's advantage, "
+                             "and so its gradient, is exactly zero, and under token-mean its tokens still dilute the "
+                             "step), or the whole pool (pool: revisions 23-25)")
     pool_revisit: Literal["never", "race"] = Field(
         "never", description="a stage after one that ended holding the whole pool by the no-gain action (race_no_gain) "
                              "begins with a race from its start between the ranked subset that action left (its arm "
