@@ -108,7 +108,8 @@ def markdown_lines(report: dict) -> list[str]:
              "race, `raced_wider` or `kept_narrower`: the doubled subset raced the current one from one checkpoint "
              "and won or lost; with `widen_when: stalled`, `saturated_rising`: a saturated part whose rise was "
              "resolved kept its fraction; `no_gain`: a race's winner showed no gain over the stage's start (none "
-             "resolved, under check.race_gain: resolved), and the whole pool went on); at the whole "
+             "resolved, under check.race_gain: resolved), and the whole pool went on, its mixed prompts under "
+             "check.no_gain_draw: mixed, the arm `mixed`); at the whole "
              "pool a fall has no fallback and the part is kept (`no_fallback`). "
              "`helped`: the stage ended above its start by more than the "
              "check's margin. Seeds per case:", "",

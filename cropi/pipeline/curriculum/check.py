@@ -100,13 +100,13 @@ class CheckOptions(BaseModel):
     race_no_gain: Literal["restart", "pool", "keep"] = Field(
         "restart", description="where a race's winner shows no gain over the stage's start on the race's own sample "
                                "(the start read there too, paired prompt by prompt; race_gain says what counts): go "
-                               "on at the whole pool, since neither ranked subset showed a gain at this fraction, "
-                               "from the check's best checkpoint (the stage's start, or the curriculum's best where "
-                               "that read higher), over which the race's own reading showed the winner no gain, the "
-                               "winner not made the best (restart: issue 32's revision 24, docs/demo.md round "
-                               "24); the same from the winner's checkpoint (or the best a confirmed fall restores) "
-                               "(pool: revision 23); or with the winner's subset as any winner does (keep: revisions "
-                               "8-22); needs race_sample: rest")
+                               "on at the whole pool (no_gain_draw says which of its prompts), since neither ranked "
+                               "subset showed a gain at this fraction, from the check's best checkpoint (the stage's "
+                               "start, or the curriculum's best where that read higher), over which the race's own "
+                               "reading showed the winner no gain, the winner not made the best (restart: issue 32's "
+                               "revision 24, docs/demo.md round 24); the same from the winner's checkpoint (or the "
+                               "best a confirmed fall restores) (pool: revision 23); or with the winner's subset as "
+                               "any winner does (keep: revisions 8-22); needs race_sample: rest")
     race_gain: Literal["resolved", "any"] = Field(
         "resolved", description="what counts as a race's gain over the stage's start under race_no_gain (restart "
                                 "or pool): only a lead of the winner's reading over the start's resolved one-sided "

@@ -567,7 +567,7 @@ class _Stage:
     def _decide(self, entry: dict, first: bool = False, to_pool: bool = False) -> None:
         """Judge a part (``first``: the race's winner) against the best and set what the next part trains;
         ``to_pool``: the race's winner showed no gain over the start (``_race_no_gain``), so it goes on at the
-        whole pool; under ``race_no_gain: restart`` from the best checkpoint, the winner not made the best (the race
+        whole pool (with ``no_gain_draw: mixed`` as the arm ``mixed``: the pool's mixed prompts); under ``race_no_gain: restart`` from the best checkpoint, the winner not made the best (the race
         read no gain of it over the start, a checkpoint the best reads at least as high as)."""
         best, pending = self._best(), {}
         verdict = self._judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]), screen=True)
