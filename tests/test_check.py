@@ -1626,8 +1626,8 @@ def _revisit_run(setup, monkeypatch, trainer, measure, name, stages=3, **check) 
 @pytest.mark.parametrize("case", ["ranked_resolves", "pool_resolves", "neither"])
 def test_the_pool_the_no_gain_action_took_is_revisited_by_a_race_against_the_ranked_subset(setup, monkeypatch, case):
     """``pool_revisit: race`` (the round 26 candidate). Stage 0's race shows no gain, and the pool goes on (revision
-    25). Stage 1 then races the ranked subset the no-gain action left (the fallback at the curriculum's fraction) against
-    the pool, from the stage's start. Where the ranked subset gains 0.03 a step against the pool's 0.01 (noise-free:
+    25). Stage 1 then races the ranked subset the no-gain action left (the fallback at the curriculum's fraction)
+    against the pool, from the stage's start. Where the ranked subset gains 0.03 a step against the pool's 0.01 (noise-free:
     resolved) it goes on at its fraction; where the pool gains more, resolved, the pool goes on and no later stage
     revisits; where the ranked subset leads inside its noise, the pool, the decision in force, goes on and stage 2
     revisits again. Under ``never`` (revision 25) the pool goes on unraced to the end, every stage the same as the

@@ -279,9 +279,11 @@ class _Stage:
         start = self.record["start"]
         entries = self.record.setdefault("race", [])
         whole, steps = self._race_steps()
-        for arm, fraction in self._contestants()[len(entries):]:
-            entry = self._train(0, arm, fraction, start["checkpoint"], start["spent"], tag=self._race_tag(arm, fraction),
-                                steps=steps, side=self._side(arm, fraction))
+        contestants = self._contestants()
+        for side in range(len(entries), len(contestants)):  # an entry's place is its contestant's: its seed's digit
+            arm, fraction = contestants[side]
+            entry = self._train(0, arm, fraction, start["checkpoint"], start["spent"],
+                                tag=self._race_tag(arm, fraction), steps=steps, side=side)
             entries.append(self._race_read(entry))
             self.state.save()
         legs, halves = entries, None
@@ -291,12 +293,13 @@ class _Stage:
                 self.state.save()
             if not self.record["race_first_look"]["resolved"]:
                 legs = self.record.setdefault("race_on", [])  # each arm's other half, in the arms' order
-                for e in entries[len(legs):]:
+                for side in range(len(legs), len(entries)):
+                    e = entries[side]
                     legs.append(self._race_read(self._train(0, e["arm"], e["fraction"], e["checkpoint"],
                                                             start["spent"],
                                                             tag=f"{self._race_tag(e['arm'], e['fraction'])}-on",
                                                             steps=whole - steps, seed_part=_RACE_ON,
-                                                            side=self._side(e["arm"], e["fraction"])) | {"leg": "on"}))
+                                                            side=side) | {"leg": "on"}))
                     self.state.save()
         winner, loser = self._ranked(legs)
         read = self._race_lead(winner, loser)
@@ -325,18 +328,13 @@ class _Stage:
         self._decide(dict(winner), first=True, to_pool=no_gain)
 
     def _contestants(self) -> list[tuple[str, float]]:
-        """A race's (arm, fraction) pairs, in the order they train: the two arms at the stage's start fraction, or in a
-        revisit (``pool_revisit: race``) the ranked subset the no-gain action left, then the pool the stage began
-        with."""
+        """A race's (arm, fraction) pairs, in the order they train, each one's place the arm digit of its seeds: the two
+        arms at the stage's start fraction, or in a revisit (``pool_revisit: race``) the ranked subset the no-gain
+        action left, then the pool the stage began with."""
         start = self.record["start"]
         if self.revisit:
             return [(self.revisit["arm"], self.revisit["fraction"]), (start["arm"], start["fraction"])]
         return [(arm, start["fraction"]) for arm in self.arms]
-
-    def _side(self, arm: str, fraction: float) -> int:
-        """A race contestant's index, the arm digit of its parts' seeds: the arms' order, in a revisit the ranked
-        subset 0 and the pool 1."""
-        return self._contestants().index((arm, fraction))
 
     def _race_tag(self, arm: str, fraction: float) -> str:
         """A race entry's folder: the arm's (a revisit's contestants share their arm: the fraction's too)."""
@@ -503,7 +501,8 @@ class _Stage:
         if widened:
             return {"arm": widened["arm"], "fraction": widened["fraction"]}
         revisit = self.record.get("revisit")
-        if revisit and revisit["went_on"] == "pool" and not (revisit["higher"] == "pool" and revisit["lead"]["resolved"]):
+        settled = revisit and revisit["higher"] == "pool" and revisit["lead"]["resolved"]
+        if revisit and revisit["went_on"] == "pool" and not settled:
             return {"arm": revisit["arm"], "fraction": revisit["fraction"]}
         return None
 
@@ -567,8 +566,9 @@ class _Stage:
     def _decide(self, entry: dict, first: bool = False, to_pool: bool = False) -> None:
         """Judge a part (``first``: the race's winner) against the best and set what the next part trains;
         ``to_pool``: the race's winner showed no gain over the start (``_race_no_gain``), so it goes on at the
-        whole pool (with ``no_gain_draw: mixed`` as the arm ``mixed``: the pool's mixed prompts); under ``race_no_gain: restart`` from the best checkpoint, the winner not made the best (the race
-        read no gain of it over the start, a checkpoint the best reads at least as high as)."""
+        whole pool (with ``no_gain_draw: mixed`` as the arm ``mixed``: the pool's mixed prompts); under
+        ``race_no_gain: restart`` from the best checkpoint, the winner not made the best (the race read no gain of it
+        over the start, a checkpoint the best reads at least as high as)."""
         best, pending = self._best(), {}
         verdict = self._judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]), screen=True)
         if verdict.action == "reverted" and entry["fraction"] >= 1 and self.opts.at_whole_pool == "keep":
@@ -681,10 +681,9 @@ class _Stage:
             return Path(stage["selected"]["subset"])
         path = self.paths.stage(self.m) / "subsets" / f"{arm}-{fraction:g}.parquet"
         if not path.is_file():
-            # the mixed draw (no_gain_draw: mixed) is informative's every candidate, never filled from the rest
             ids = self.selector(_MIXED_SELECTOR if arm == MIXED else arm, fraction)
             path.parent.mkdir(parents=True, exist_ok=True)
-            batch, widened, own = steps.batch_of(self.trainer), self._fills(fraction) and arm != MIXED, len(ids)
+            batch, widened, own = steps.batch_of(self.trainer), self._fills(arm, fraction), len(ids)
             if widened or own < batch:  # its count first: a kill before the subset is written leaves none to reuse
                 note = {}
                 if widened:  # filled to its share of the pool (and to a batch, should that share be smaller)
@@ -703,10 +702,12 @@ class _Stage:
             write_verl_parquet([self.pool[p] for p in ids], str(path), split="train")
         return path
 
-    def _fills(self, fraction: float) -> bool:
-        """Whether a subset at ``fraction`` is filled up to its share of the pool (revision 11): a widened one, under
-        a plan that says so (a stage planned before revision 11 resumes as it began)."""
-        return self.plan.get("widened", "selection") in ("filled", "no_harm") and fraction > self.config.select_fraction
+    def _fills(self, arm: str, fraction: float) -> bool:
+        """Whether ``arm``'s subset at ``fraction`` is filled up to its share of the pool (revision 11): a widened one,
+        under a plan that says so (a stage planned before revision 11 resumes as it began), but never the mixed draw
+        (``no_gain_draw: mixed``), which is informative's every candidate and nothing from the rest of the pool."""
+        return (arm != MIXED and self.plan.get("widened", "selection") in ("filled", "no_harm")
+                and fraction > self.config.select_fraction)
 
     def _harmful(self) -> frozenset[str]:
         """``widened: no_harm``: the pool prompts a widened subset leaves out, those of negative gain at the stage's
