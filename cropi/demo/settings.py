@@ -123,7 +123,10 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                                                      "no_gain_draw": "pool"}},
                                        # the round 27 candidate, now the default (revision 26): the no-gain action
                                        # trains the pool's mixed prompts
-                                       "checked_mixed": {"check": {"enabled": True, "no_gain_draw": "mixed"}}}
+                                       "checked_mixed": {"check": {"enabled": True, "no_gain_draw": "mixed"}},
+                                       # the round 28 candidate: the no-gain action's draw goes on from the higher
+                                       # of the stage's start and the race's winner, as the race read them
+                                       "checked_higher": {"check": {"enabled": True, "race_no_gain": "higher"}}}
 
 
 def is_checked(method: str) -> bool:

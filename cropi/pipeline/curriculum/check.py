@@ -97,14 +97,18 @@ class CheckOptions(BaseModel):
                             "rounds 21-22; a race's leads are a fifth to a half of a fall, and on the check's sample "
                             "its first looks were mostly unresolved), or the check's sample, sized for a fall of "
                             "resolve (check: revisions 8-19)")
-    race_no_gain: Literal["restart", "pool", "keep"] = Field(
+    race_no_gain: Literal["restart", "higher", "pool", "keep"] = Field(
         "restart", description="where a race's winner shows no gain over the stage's start on the race's own sample "
                                "(the start read there too, paired prompt by prompt; race_gain says what counts): go "
                                "on at the whole pool (no_gain_draw says which of its prompts), since neither ranked "
                                "subset showed a gain at this fraction, from the check's best checkpoint (the stage's "
                                "start, or the curriculum's best where that read higher), over which the race's own "
                                "reading showed the winner no gain, the winner not made the best (restart: issue 32's "
-                               "revision 24, docs/demo.md round 24); the same from the winner's checkpoint (or the "
+                               "revision 24, docs/demo.md round 24); the same from the winner's checkpoint where "
+                               "the race read it above the start, inside the noise, judged as any kept part, and "
+                               "from the best where it read at or below (higher: the round 28 candidate: which "
+                               "checkpoint goes on is the point estimate's argmax, as the check's best is, since the "
+                               "race's steps are spent either way); the same from the winner's checkpoint (or the "
                                "best a confirmed fall restores) (pool: revision 23); or with the winner's subset as "
                                "any winner does (keep: revisions 8-22); needs race_sample: rest")
     race_gain: Literal["resolved", "any"] = Field(

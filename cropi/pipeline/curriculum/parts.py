@@ -568,7 +568,8 @@ class _Stage:
         ``to_pool``: the race's winner showed no gain over the start (``_race_no_gain``), so it goes on at the
         whole pool (with ``no_gain_draw: mixed`` as the arm ``mixed``: the pool's mixed prompts); under
         ``race_no_gain: restart`` from the best checkpoint, the winner not made the best (the race read no gain of it
-        over the start, a checkpoint the best reads at least as high as)."""
+        over the start, a checkpoint the best reads at least as high as); under ``higher`` so only where the race read
+        the winner at or below the start (``_restarts``)."""
         best, pending = self._best(), {}
         verdict = self._judge(chk.from_lists(entry["values"]), chk.from_lists(best["values"]), screen=True)
         if verdict.action == "reverted" and entry["fraction"] >= 1 and self.opts.at_whole_pool == "keep":
@@ -585,7 +586,7 @@ class _Stage:
             checkpoint = best["checkpoint"]
             if self._both_arms_fell(entry, checkpoint) and fraction < 1:  # against the fraction, not an arm
                 fraction = _widen(entry, fraction, "both_arms_fell")
-        elif to_pool and self.plan.get("race_no_gain") == "restart":  # kept, but the race showed no gain
+        elif to_pool and self._restarts():  # kept, but the race showed no gain
             checkpoint = best["checkpoint"]
         else:  # kept, or a screen the fresh reading did not confirm
             checkpoint = entry["checkpoint"]
@@ -607,6 +608,17 @@ class _Stage:
         self.record["start"]["current"] = entry["then"]
         self.record["parts"].append(entry)
         self.state.save()
+
+    def _restarts(self) -> bool:
+        """Whether the no-gain action trains from the best checkpoint rather than the race's winner's: always under
+        ``race_no_gain: restart``; under ``higher`` only where the race read the winner at or below the start (the
+        point estimate's argmax between the two, recorded as ``race_start.from_winner``)."""
+        rule = self.plan.get("race_no_gain")
+        if rule == "higher":
+            start = self.record["race_start"]
+            start["from_winner"] = start["gain"]["lead"] > 0
+            return not start["from_winner"]
+        return rule == "restart"
 
     def _rising(self, entry: dict, best: dict) -> bool:
         """``widen_when: stalled``: whether the part's rise over the best it was judged against is resolved (one-sided

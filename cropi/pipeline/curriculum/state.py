@@ -139,7 +139,9 @@ def check_summary(stage: dict) -> dict:
             "race": [check(e) for e in record.get("race", [])], "race_lead": record.get("race_lead"),
             **({"race_first_look": record["race_first_look"]} if record.get("race_first_look") else {}),
             **({"race_unresolved": record["race_unresolved"]} if record.get("race_unresolved") else {}),
-            **({"race_start": {k: record["race_start"].get(k) for k in ("objective", "draws", "gain", "no_gain")}}
+            **({"race_start": {k: record["race_start"].get(k) for k in ("objective", "draws", "gain", "no_gain")}
+                               | ({"from_winner": record["race_start"]["from_winner"]}  # race_no_gain: higher
+                                  if "from_winner" in record["race_start"] else {})}
                if record.get("race_start") else {}),
             **({"race_on": [check(e) for e in record["race_on"]]} if record.get("race_on") else {}),
             **({"revisit": record["revisit"]} if record.get("revisit") else {}),
