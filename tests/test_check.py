@@ -1585,6 +1585,57 @@ def test_a_race_gain_inside_the_noise_counts_as_none_under_race_gain_resolved(se
     assert "no_gain" in resolved["end"]["cases"] and "no_gain" not in anything["end"]["cases"]
 
 
+@pytest.mark.parametrize("case", ["above_inside_the_noise", "below"])
+def test_the_no_gain_action_goes_on_from_the_higher_of_the_start_and_the_winner_under_higher(setup, monkeypatch,
+                                                                                             case):
+    """``race_no_gain: higher`` (the round 28 candidate). Where the race reads its winner above the stage's start
+    but inside the noise (+0.005, ``race_gain: resolved`` counts it as none), the no-gain action's draw goes on from
+    the winner's checkpoint, which the check keeps and makes the best (it gains on the check's sample), where
+    ``restart`` goes on from the start and leaves the winner behind. Where the race reads the winner below the start
+    (-0.005 a step: both arms' subsets lower the targets, the fallback less), ``higher`` restarts as ``restart``
+    does, part for part. The choice is recorded (``race_start.from_winner``) and the service's answer shows it."""
+    monkeypatch.setattr(chk, "race_draws", lambda budget, prompts, floor: 3)  # the race's draws, known below
+    pattern = np.where(np.arange(40) % 2 == 0, 0.05, -0.05)
+
+    def above(self, checkpoint, **kw):
+        readings, seconds = _scripted(self, checkpoint)
+        if self.samples == 3 and "race-" in str(checkpoint):
+            readings = {n: r - 0.015 + pattern for n, r in readings.items()}
+        return readings, seconds
+
+    records = {}
+    for rule in ("restart", "higher"):
+        trainer = PartTrainer() if case == "above_inside_the_noise" else PartTrainer(step=-0.01, fallback_drop=0.005)
+        measure = above if case == "above_inside_the_noise" else _noisy_fallback_race
+        records[rule] = _one_raced_stage(setup, monkeypatch, trainer, measure, f"higher-{case}-{rule}",
+                                         race_no_gain=rule, race_gain="resolved")[:2]
+    (restart, _), (higher, answer) = records["restart"], records["higher"]
+    for record in (restart, higher):
+        assert record["race_start"]["no_gain"] is True and record["parts"][0]["widened_by"] == "no_gain"
+        assert [e["fraction"] for e in record["parts"][1:]] == [1.0] * (len(record["parts"]) - 1)
+    assert higher["plan"]["race_no_gain"] == "higher" and "from_winner" not in restart["race_start"]
+    for key in ("objective", "gain", "no_gain"):  # one race, one reading: only where the draw goes on from differs
+        assert higher["race_start"][key] == restart["race_start"][key]
+    gain, start = higher["race_start"]["gain"], higher["start"]["checkpoint"]
+    winner = higher["parts"][0]
+    assert answer["race_start"]["from_winner"] is higher["race_start"]["from_winner"]
+    assert restart["parts"][0]["then"]["checkpoint"] == start and restart["parts"][1]["from"] == start
+    if case == "below":
+        assert gain["lead"] < 0 and higher["race_start"]["from_winner"] is False
+        assert [(e["arm"], e["fraction"], e["objective"], e["action"], e["from"].replace("-higher/", "/"))
+                for e in higher["parts"]] == [(e["arm"], e["fraction"], e["objective"], e["action"],
+                                               e["from"].replace("-restart/", "/")) for e in restart["parts"]]
+        return
+    assert 0 < gain["lead"] < gain["critical"] * gain["se"] and higher["race_start"]["from_winner"] is True
+    assert winner["action"] == "race_won+kept" and winner["objective"] > higher["start"]["objective"]
+    assert winner["then"] == {"arm": restart["parts"][0]["then"]["arm"], "fraction": 1.0,
+                              "checkpoint": winner["checkpoint"]}
+    assert higher["parts"][1]["from"] == winner["checkpoint"] and restart["parts"][1]["from"] == start
+    after = higher["parts"][1]  # judged against the winner, now the best
+    assert after["change"] == pytest.approx(after["objective"] - winner["objective"], abs=2e-6)
+    assert higher["end"]["objective"] > restart["end"]["objective"]  # the winner's steps kept
+
+
 class RevisitTrainer(PartTrainer):
     """At stage 0 both arms' subsets lower the targets (the primary -0.01 a step, the fallback -0.005), so the race's
     winner shows no gain and the no-gain action takes the whole pool. The pool (a subset at fraction 1) adds

@@ -355,6 +355,8 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
                           ).resume_key() == "2a49b5cf6004b5f3"  # and revision 23's, named as before it was the default
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_no_gain="restart")}
                           ).resume_key() == "d5ca290d348b234d"  # the default since round 24, unnamed in the key
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_no_gain="higher")}
+                          ).resume_key() != "d5ca290d348b234d"  # and round 28's candidate
     assert "f6afeed0ea3b8926" in off.resume_keys()  # round 24's candidate, named before it was the default (50459a6)
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_gain="any")}
                           ).resume_key() != "d5ca290d348b234d"  # and revisions 23-24's gain, since round 25
