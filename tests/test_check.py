@@ -1556,6 +1556,17 @@ def test_a_race_without_gain_on_its_own_sample_is_not_made_the_best_under_restar
     assert pool["parts"][1]["change"] == pytest.approx(pool["parts"][1]["objective"] - winner["objective"], abs=2e-6)
 
 
+def _race_inside_the_noise(self, checkpoint, **_):
+    """``_scripted``, and on the race's own sample (3 draws) a race checkpoint read 0.015 below its quality with a
+    per-prompt pattern of mean zero (+-0.05) the start does not have: a small gain of the race's winner over the start
+    is inside its noise."""
+    readings, seconds = _scripted(self, checkpoint)
+    if self.samples == 3 and "race-" in str(checkpoint):
+        pattern = np.where(np.arange(40) % 2 == 0, 0.05, -0.05)
+        readings = {n: r - 0.015 + pattern for n, r in readings.items()}
+    return readings, seconds
+
+
 def test_a_race_gain_inside_the_noise_counts_as_none_under_race_gain_resolved(setup, monkeypatch):
     """``race_gain: resolved`` (the round 25 candidate). On the race's own sample the arms read 0.015 below their
     quality and with a per-prompt pattern of mean zero (+-0.05) the start does not have: the winner (the fallback,
@@ -1563,15 +1574,7 @@ def test_a_race_gain_inside_the_noise_counts_as_none_under_race_gain_resolved(se
     inside its noise. Under ``any`` (revisions 23-24) that is a gain and the winner goes on at the curriculum's
     fraction; under ``resolved`` it is none, and the no-gain action sends the pool on."""
     monkeypatch.setattr(chk, "race_draws", lambda budget, prompts, floor: 3)  # the race's draws, known below
-    pattern = np.where(np.arange(40) % 2 == 0, 0.05, -0.05)
-
-    def script(self, checkpoint, **kw):
-        readings, seconds = _scripted(self, checkpoint)
-        if self.samples == 3 and "race-" in str(checkpoint):
-            readings = {n: r - 0.015 + pattern for n, r in readings.items()}
-        return readings, seconds
-
-    records = {rule: _one_raced_stage(setup, monkeypatch, PartTrainer(), script, f"race-gain-{rule}",
+    records = {rule: _one_raced_stage(setup, monkeypatch, PartTrainer(), _race_inside_the_noise, f"race-gain-{rule}",
                                       race_gain=rule)[0] for rule in ("any", "resolved")}
     for rule, record in records.items():
         assert record["plan"]["race_gain"] == rule and "race_on" not in record  # the first look resolved
@@ -1595,18 +1598,10 @@ def test_the_no_gain_action_goes_on_from_the_higher_of_the_start_and_the_winner_
     (-0.005 a step: both arms' subsets lower the targets, the fallback less), ``higher`` restarts as ``restart``
     does, part for part. The choice is recorded (``race_start.from_winner``) and the service's answer shows it."""
     monkeypatch.setattr(chk, "race_draws", lambda budget, prompts, floor: 3)  # the race's draws, known below
-    pattern = np.where(np.arange(40) % 2 == 0, 0.05, -0.05)
-
-    def above(self, checkpoint, **kw):
-        readings, seconds = _scripted(self, checkpoint)
-        if self.samples == 3 and "race-" in str(checkpoint):
-            readings = {n: r - 0.015 + pattern for n, r in readings.items()}
-        return readings, seconds
-
     records = {}
     for rule in ("restart", "higher"):
         trainer = PartTrainer() if case == "above_inside_the_noise" else PartTrainer(step=-0.01, fallback_drop=0.005)
-        measure = above if case == "above_inside_the_noise" else _noisy_fallback_race
+        measure = _race_inside_the_noise if case == "above_inside_the_noise" else _noisy_fallback_race
         records[rule] = _one_raced_stage(setup, monkeypatch, trainer, measure, f"higher-{case}-{rule}",
                                          race_no_gain=rule, race_gain="resolved")[:2]
     (restart, _), (higher, answer) = records["restart"], records["higher"]
