@@ -124,8 +124,8 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # the round 27 candidate, now the default (revision 26): the no-gain action
                                        # trains the pool's mixed prompts
                                        "checked_mixed": {"check": {"enabled": True, "no_gain_draw": "mixed"}},
-                                       # the round 28 candidate: the no-gain action's draw goes on from the higher
-                                       # of the stage's start and the race's winner, as the race read them
+                                       # the round 28 candidate (not adopted: docs/demo.md): the no-gain action's
+                                       # draw goes on from the higher of the stage's start and the race's winner
                                        "checked_higher": {"check": {"enabled": True, "race_no_gain": "higher"}}}
 
 

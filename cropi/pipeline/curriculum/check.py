@@ -106,11 +106,11 @@ class CheckOptions(BaseModel):
                                "reading showed the winner no gain, the winner not made the best (restart: issue 32's "
                                "revision 24, docs/demo.md round 24); the same from the winner's checkpoint where "
                                "the race read it above the start, inside the noise, judged as any kept part, and "
-                               "from the best where it read at or below (higher: the round 28 candidate: which "
-                               "checkpoint goes on is the point estimate's argmax, as the check's best is, since the "
-                               "race's steps are spent either way); the same from the winner's checkpoint (or the "
-                               "best a confirmed fall restores) (pool: revision 23); or with the winner's subset as "
-                               "any winner does (keep: revisions 8-22); needs race_sample: rest")
+                               "from the best where it read at or below (higher: round 28's candidate, not "
+                               "adopted: which checkpoint goes on is the point estimate's argmax, as the check's best "
+                               "is, since the race's steps are spent either way); the same from the winner's "
+                               "checkpoint (or the best a confirmed fall restores) (pool: revision 23); or with the "
+                               "winner's subset as any winner does (keep: revisions 8-22); needs race_sample: rest")
     race_gain: Literal["resolved", "any"] = Field(
         "resolved", description="what counts as a race's gain over the stage's start under race_no_gain (restart "
                                 "or pool): only a lead of the winner's reading over the start's resolved one-sided "
