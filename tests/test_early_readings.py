@@ -1,14 +1,11 @@
 """benchmarks/early_readings.py: the count docs/demo.md quotes (seeds on which the pool reads above the better
 of the checked run's two arms), against a hand-built report."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "early_readings.py"
-_spec = importlib.util.spec_from_file_location("early_readings", _PATH)
-early = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(early)
+from support.benchmarks import load_benchmark
+
+early = load_benchmark("early_readings")
 
 
 def _report(values: dict) -> dict:

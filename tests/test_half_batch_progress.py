@@ -1,15 +1,11 @@
 """benchmarks/half_batch_progress.py's summary: mean gains per batch, half over whole, and the arms' order, against
 hand-built runs and by-hand sums."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "half_batch_progress.py"
-_spec = importlib.util.spec_from_file_location("half_batch_progress", _PATH)
-hb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hb)
+from support.benchmarks import load_benchmark
+
+hb = load_benchmark("half_batch_progress")
 
 
 def _run(a16, a8, b16, b8):

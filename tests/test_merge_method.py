@@ -1,16 +1,13 @@
 """benchmarks/merge_method.py: a round's report is the committed one with the round's method in place of the
 default's, nested entries included, nothing stale kept, and only when full reran bit for bit."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "merge_method.py"
-_spec = importlib.util.spec_from_file_location("merge_method", _PATH)
-mm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mm)
+from support.benchmarks import load_benchmark
+
+mm = load_benchmark("merge_method")
 
 
 def _reports():

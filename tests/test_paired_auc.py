@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "paired_auc.py"
-_spec = importlib.util.spec_from_file_location("paired_auc", _PATH)
-paired_auc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(paired_auc)
+from support.benchmarks import load_benchmark
+
+paired_auc = load_benchmark("paired_auc")
 
 
 def _report(per_seed: dict[str, float]) -> dict:

@@ -1,14 +1,11 @@
 """benchmarks/race_arms.py: the arm a race of unchecked runs picks and the AUC after its spent parts, against a
 hand-built report and a brute-force area."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "race_arms.py"
-_spec = importlib.util.spec_from_file_location("race_arms", _PATH)
-arms = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(arms)
+from support.benchmarks import load_benchmark
+
+arms = load_benchmark("race_arms")
 
 
 def _report(values: dict) -> dict:

@@ -1,13 +1,9 @@
 """benchmarks/race_gain_split.py: a race's gain is the start's lead negated, resolved only beyond its critical value
 times its SE; a task is broad only where a draw without a ranking beat both ranked rules; counts by hand."""
 
-import importlib.util
-from pathlib import Path
+from support.benchmarks import load_benchmark
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "race_gain_split.py"
-_spec = importlib.util.spec_from_file_location("race_gain_split", _PATH)
-rg = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rg)
+rg = load_benchmark("race_gain_split")
 
 
 def _race(stage, start_lead, se, critical=1.7):

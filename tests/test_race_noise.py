@@ -1,15 +1,13 @@
 """benchmarks/race_noise.py: each race's paired lead and its verdict read from a run's records, the arms' unchecked
 AUCs beside it, and the summary over resolved and unresolved races, against hand-built runs and by-hand sums."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "race_noise.py"
-_spec = importlib.util.spec_from_file_location("race_noise", _PATH)
-noise = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(noise)
+from support.benchmarks import load_benchmark
+
+noise = load_benchmark("race_noise")
 
 
 def _stage(won: dict, lost: dict, arms=("cropi", "diverse")) -> dict:

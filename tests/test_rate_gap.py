@@ -1,24 +1,16 @@
 """benchmarks/rate_gap.py and the pure parts of benchmarks/ranking_shelf_life.py, against hand-built reports and
 by-hand sums."""
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from support.benchmarks import load_benchmark
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gap = _load("rate_gap")
-shelf = _load("ranking_shelf_life")
+gap = load_benchmark("rate_gap")
+shelf = load_benchmark("ranking_shelf_life")
 
 
 def _report(lr: float, aucs: dict[str, list[float]]) -> dict:

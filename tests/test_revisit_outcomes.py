@@ -1,13 +1,9 @@
 """benchmarks/revisit_outcomes.py: a revisit ends by whose lead was resolved, or neither's; a race's loser's steps
 count both its halves and never the winner's; counts by hand."""
 
-import importlib.util
-from pathlib import Path
+from support.benchmarks import load_benchmark
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "revisit_outcomes.py"
-_spec = importlib.util.spec_from_file_location("revisit_outcomes", _PATH)
-ro = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ro)
+ro = load_benchmark("revisit_outcomes")
 
 
 def _stage(higher, resolved, went_on, lost=(1, 1), won=(1, 1)):

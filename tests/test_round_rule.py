@@ -3,23 +3,13 @@ hand: a task's harm needs both bounds, counts only where the candidate bound, an
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-_ROOT = Path(__file__).resolve().parents[1] / "benchmarks"
+from support.benchmarks import load_benchmark
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, _ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-round_rule, paired_auc = _load("round_rule"), _load("paired_auc")
+round_rule, paired_auc = load_benchmark("round_rule"), load_benchmark("paired_auc")
 
 
 def _report(per_seed: dict[str, float]) -> dict:

@@ -1,14 +1,10 @@
 """benchmarks/zero_gradient_drift.py: the classes and shares docs/demo.md quotes, against hand-counted cases."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "zero_gradient_drift.py"
-_spec = importlib.util.spec_from_file_location("zero_gradient_drift", _PATH)
-drift = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(drift)
+from support.benchmarks import load_benchmark
+
+drift = load_benchmark("zero_gradient_drift")
 
 
 @pytest.mark.parametrize("rewards,want", [
