@@ -1784,3 +1784,84 @@ def test_the_no_gain_action_under_no_gain_draw_mixed_trains_the_pools_mixed_prom
         assert {r.prompt_id for r in load_prompts(e["subset"])} == every
     assert mixed[1]["start"]["arm"] == "mixed" and "race" not in mixed[1]
     assert all(e["arm"] == "mixed" and Path(e["subset"]).name == "mixed-1.parquet" for e in mixed[1]["parts"])
+
+
+def _noisy_fallback_on_the_race_sample(self, checkpoint, **_):
+    """``_scripted``, and on the race's own sample (3 draws) the fallback's race checkpoints read with a per-prompt
+    pattern of mean zero (+-0.05) the primary's and the start's do not have: the arms' lead is inside its noise at
+    the first look, while each arm's gain over the start is its quality's change."""
+    readings, seconds = _scripted(self, checkpoint)
+    if self.samples == 3 and "race-diverse" in str(checkpoint):
+        pattern = np.where(np.arange(40) % 2 == 0, 0.05, -0.05)
+        readings = {n: r + pattern for n, r in readings.items()}
+    return readings, seconds
+
+
+def _race_shape(record: dict) -> list:
+    return [(e["arm"], e["fraction"], e["steps"], e["objective"], e.get("race"), e.get("action"))
+            for e in (*record.get("race", []), *record.get("race_on", []), *record["parts"])]
+
+
+@pytest.mark.parametrize("case", ["both_arms_fall", "an_arm_gains"])
+def test_a_sequential_race_stops_at_a_futile_first_look_under_race_futility_stop(setup, monkeypatch, case):
+    """``race_futility: stop`` (the round 29 candidate). Both arms' subsets lower the targets (the primary -0.01 a
+    step, the fallback -0.005), and on the race's own sample the fallback reads with a pattern the primary does not
+    have: at the first look (one step each) the arms' lead (+0.005) is not resolved, and the higher arm, the fallback,
+    reads 0.005 *below* the start. Under ``never`` (revision 26) the race goes on: each arm trains its other half, and
+    the no-gain action then discards all four race steps. Under ``stop`` the race ends at the first look
+    (``futile``): the fallback's half wins, the loser's half spent first, the no-gain action acts on the same reading
+    and the pool trains the stage's other six steps from the start, where revision 26 trained four; the stage spends
+    exactly its steps, and the service's answer shows it. Where an arm gains (the primary +0.01 a step, the fallback
+    +0.012: the lead again unresolved, the higher arm above the start), the rule does not stop the race, and every
+    part is revision 26's."""
+    monkeypatch.setattr(chk, "race_draws", lambda budget, prompts, floor: 3)  # the race's draws, known above
+    records = {}
+    for rule in ("never", "stop"):
+        trainer = PartTrainer(fallback_step=0.012) if case == "an_arm_gains" else PartTrainer(step=-0.01,
+                                                                                            fallback_drop=0.005)
+        records[rule] = _one_raced_stage(setup, monkeypatch, trainer, _noisy_fallback_on_the_race_sample,
+                                         f"futile-{case}-{rule}", race_futility=rule, race_gain="resolved",
+                                         race_no_gain="restart")[:2]
+    (never, _), (stop, answer) = records["never"], records["stop"]
+    assert never["plan"]["race_futility"] == "never" and stop["plan"]["race_futility"] == "stop"
+    look = never["race_first_look"]
+    assert look["resolved"] is False and "futile" not in look and [e["steps"] for e in never["race_on"]] == [1, 1]
+    if case == "an_arm_gains":
+        assert stop["race_first_look"]["futile"] is False and "race_on" in stop
+        assert _race_shape(stop) == _race_shape(never) and stop["race_start"] == never["race_start"]
+        return
+    higher = max(stop["race"], key=lambda e: e["race_objective"])
+    assert higher["arm"] == "diverse" and higher["race_objective"] < stop["race_start"]["objective"]
+    assert stop["race_first_look"] | {"futile": None} == look | {"futile": None}  # one reading, one lead
+    assert stop["race_first_look"]["futile"] is True and answer["race_first_look"]["futile"] is True
+    assert "race_on" not in stop and [(e["arm"], e["steps"], e["race"]) for e in stop["race"]] == [
+        ("cropi", 1, "lost"), ("diverse", 1, "won")]
+    gain = stop["race_start"]["gain"]
+    assert gain["lead"] == pytest.approx(-0.005, abs=1e-6) and stop["race_start"]["no_gain"] is True
+    for record in (never, stop):
+        assert record["parts"][0]["widened_by"] == "no_gain" and record["parts"][0]["arm"] == "diverse"
+        spent = sum(e["steps"] for e in (*record["race"], *record.get("race_on", []), *record["parts"][1:]))
+        assert spent == 8  # the stage's steps, every race step counted (parts[0] is the race's winner again)
+    pool = lambda r: sum(e["steps"] for e in r["parts"][1:] if e["fraction"] == 1.0)  # noqa: E731
+    assert (pool(never), pool(stop)) == (4, 6)
+    start = stop["start"]["checkpoint"]
+    assert stop["parts"][0]["then"]["checkpoint"] == start and stop["parts"][1]["from"] == start
+
+
+def test_a_curriculum_killed_after_a_futile_first_look_resumes_it_without_training_the_second_halves(setup,
+                                                                                                     monkeypatch):
+    """Killed at the first part after a race stopped at its first look (``race_futility: stop``), a rerun reads the
+    saved look, trains no second half, and ends as the run that was never killed, part for part."""
+    monkeypatch.setattr(chk, "race_draws", lambda budget, prompts, floor: 3)
+    opts = dict(race_futility="stop", race_gain="resolved", race_no_gain="restart")
+    whole = PartTrainer(step=-0.01, fallback_drop=0.005)
+    record = _one_raced_stage(setup, monkeypatch, whole, _noisy_fallback_on_the_race_sample, "futile-whole", **opts)[0]
+    killed = PartTrainer(step=-0.01, fallback_drop=0.005, crash_at=3)  # the two race halves, then the crash
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _one_raced_stage(setup, monkeypatch, killed, _noisy_fallback_on_the_race_sample, "futile-killed", **opts)
+    resumed = PartTrainer(step=-0.01, fallback_drop=0.005)
+    again = _one_raced_stage(setup, monkeypatch, resumed, _noisy_fallback_on_the_race_sample, "futile-killed",
+                             **opts)[0]
+    assert len(killed.calls) + len(resumed.calls) == len(whole.calls) + 1  # the killed call alone is trained again
+    assert _race_shape(again) == _race_shape(record) and again["race_first_look"]["futile"] is True
+    assert again["race_start"] == record["race_start"]

@@ -150,7 +150,8 @@ def _race_lines(records: dict) -> list[str]:
             "The lead is paired (the same prompts and stream), resolved where it exceeds the one-sided critical "
             "value at the check's alpha. A sequential race (`check.race_length: sequential`) is read first at half a "
             "part: where that lead is resolved it stops there, else both arms train on to a whole part, whose lead "
-            "the row gives. With `check.race_unresolved: fallback` a race whose lead is not resolved goes on with "
+            "the row gives; with `check.race_futility: stop` it also stops where the higher half reads at or below "
+            "the stage's start (futile: no gain left to resolve). With `check.race_unresolved: fallback` a race whose lead is not resolved goes on with "
             "the fallback, the row giving the higher reading's lead. With `check.pool_revisit: race` a stage after "
             "one that ended holding the pool by the no-gain action races the ranked subset against the pool "
             "(`revisit`), the ranked subset going on only where its lead is resolved:", "",
@@ -164,7 +165,10 @@ def _ratio(lead: dict) -> str:
 
 def _first_look(look: dict | None) -> str:
     """A sequential race's reading at half a part: its lead over its SE, and whether the race stopped there."""
-    return f"{_ratio(look)}, {'stopped' if look['resolved'] else 'went on'}" if look else "-"
+    if not look:
+        return "-"
+    return f"{_ratio(look)}, " + ("stopped" if look["resolved"] else "stopped, futile" if look.get("futile")
+                                  else "went on")
 
 
 def _races(m: str, st: dict):

@@ -26,7 +26,8 @@ COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_ra
           "checked_raceread": "darkgoldenrod", "checked_rev19": "darkslategray", "checked_nogain": "mediumvioletred",
           "checked_rev22": "darkkhaki", "checked_restart": "mediumturquoise",
           "checked_resolved": "indigo", "checked_revisit": "orangered",
-          "checked_mixed": "saddlebrown", "checked_higher": "darkolivegreen"}
+          "checked_mixed": "saddlebrown", "checked_higher": "darkolivegreen",
+          "checked_futile": "cadetblue"}
 _SPARE = ("lime", "teal", "magenta", "sienna", "slateblue", "darkgreen", "crimson", "peru")
 
 

@@ -126,7 +126,10 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "checked_mixed": {"check": {"enabled": True, "no_gain_draw": "mixed"}},
                                        # the round 28 candidate (not adopted: docs/demo.md): the no-gain action's
                                        # draw goes on from the higher of the stage's start and the race's winner
-                                       "checked_higher": {"check": {"enabled": True, "race_no_gain": "higher"}}}
+                                       "checked_higher": {"check": {"enabled": True, "race_no_gain": "higher"}},
+                                       # the round 29 candidate: a sequential race stops at its first look where
+                                       # the higher arm reads at or below the stage's start (a futility bound)
+                                       "checked_futile": {"check": {"enabled": True, "race_futility": "stop"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -112,6 +112,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
             "widen_check": opts.widen_check, "screen_z": round(chk.screen_z(opts, len(steps)), 6),
             "race_length": opts.race_length, "widen_when": opts.widen_when, "race_unresolved": opts.race_unresolved,
             "race_sample": opts.race_sample, "race_no_gain": opts.race_no_gain, "race_gain": opts.race_gain,
+            "race_futility": opts.race_futility,
             "pool_revisit": opts.pool_revisit, "no_gain_draw": opts.no_gain_draw,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
@@ -274,7 +275,9 @@ class _Stage:
         (ties: the primary). The loser's steps are spent first (the winner's part follows them), out of the
         stage's own steps. With ``race_length: half`` each arm trains half the part; with ``sequential`` half, and,
         where the higher half's lead is not resolved at alpha (``race_first_look``), the other half on from its own
-        checkpoint (``race_on``), the higher whole part going on. With ``race_unresolved: fallback`` the fallback
+        checkpoint (``race_on``), the higher whole part going on; with ``race_futility: stop`` not where the higher
+        half reads at or below the stage's start (``race_first_look.futile``): the race is then decided at its first
+        look, as a half-length one, and the no-gain test follows. With ``race_unresolved: fallback`` the fallback
         goes on wherever the last look's lead is not resolved at alpha (``race_unresolved`` records the reading)."""
         start = self.record["start"]
         entries = self.record.setdefault("race", [])
@@ -289,9 +292,13 @@ class _Stage:
         legs, halves = entries, None
         if self._race_length() == "sequential" and whole > steps:
             if "race_first_look" not in self.record:  # the decision to go on, saved before either arm does
-                self.record["race_first_look"] = self._race_lead(*self._ranked(entries))
+                look = self._race_lead(*self._ranked(entries))
+                if not look["resolved"] and self._futility_reads():
+                    look["futile"] = self._gain_over_start(self._ranked(entries)[0])["lead"] <= 0
+                self.record["race_first_look"] = look
                 self.state.save()
-            if not self.record["race_first_look"]["resolved"]:
+            look = self.record["race_first_look"]
+            if not look["resolved"] and not look.get("futile"):
                 legs = self.record.setdefault("race_on", [])  # each arm's other half, in the arms' order
                 for side in range(len(legs), len(entries)):
                     e = entries[side]
@@ -348,17 +355,30 @@ class _Stage:
         gain recorded with that test."""
         if self.plan.get("race_no_gain", "keep") == "keep" or "race_values" not in winner:
             return False
+        gain = self._gain_over_start(winner)
+        shown = gain["resolved"] if self.plan.get("race_gain", "any") == "resolved" else gain["lead"] > 0
+        start = self.record["race_start"]
+        start["gain"], start["no_gain"] = gain, not shown
+        return start["no_gain"]
+
+    def _gain_over_start(self, entry: dict) -> dict:
+        """A race entry's paired gain over the stage's start on the race's own sample (``chk.race_lead``), the start
+        read there once (``race_start``, saved: a resumed race reads the same)."""
         if "race_start" not in self.record:
             values, seconds = self._measure(self.record["start"]["checkpoint"], sample=self.race_sample)
             self.record["race_start"] = {"values": chk.as_lists(values), "objective": round(chk.objective(values), 6),
                                          "draws": self.race_sample.samples, "check_s": round(seconds, 3)}
             self.state.save()
-        start = self.record["race_start"]
-        gain = chk.race_lead(chk.from_lists(winner["race_values"]), chk.from_lists(start["values"]), self.opts.alpha,
-                             self.plan.get("test", "normal"))
-        shown = gain["resolved"] if self.plan.get("race_gain", "any") == "resolved" else gain["lead"] > 0
-        start["gain"], start["no_gain"] = gain, not shown
-        return start["no_gain"]
+        return chk.race_lead(chk.from_lists(entry["race_values"]), chk.from_lists(self.record["race_start"]["values"]),
+                             self.opts.alpha, self.plan.get("test", "normal"))
+
+    def _futility_reads(self) -> bool:
+        """``race_futility: stop`` (read from the plan: a stage planned before the option resumes as it began): whether
+        an unresolved first look reads the higher arm's gain over the start, to stop the race where it is at or below
+        zero. Only the arms' race (not a revisit) and only where a no-gain action exists, whose test would discard
+        both arms' steps without a resolved gain."""
+        return (self.plan.get("race_futility", "never") == "stop" and not self.revisit
+                and self.plan.get("race_no_gain", "keep") != "keep" and self.race_sample is not None)
 
     def _race_read(self, entry: dict) -> dict:
         """A race entry with its reading on the race's own sample where it has one (``race_values``,
