@@ -357,6 +357,10 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
                           ).resume_key() == "d5ca290d348b234d"  # the default since round 24, unnamed in the key
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_no_gain="higher")}
                           ).resume_key() != "d5ca290d348b234d"  # and round 28's candidate
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_futility="never")}
+                          ).resume_key() == "d5ca290d348b234d"  # revisions 19-26's first look, unnamed in the key
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_futility="stop")}
+                          ).resume_key() != "d5ca290d348b234d"  # and round 29's candidate
     assert "f6afeed0ea3b8926" in off.resume_keys()  # round 24's candidate, named before it was the default (50459a6)
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_gain="any")}
                           ).resume_key() != "d5ca290d348b234d"  # and revisions 23-24's gain, since round 25
