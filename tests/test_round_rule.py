@@ -55,3 +55,16 @@ def test_d_decides_by_its_sign_and_a_changed_unbound_run_blocks_adoption():
     changed = _reading({"a": [0.51, 0.6]}, {"a": [0.5, 0.6]}, {"a": [False, False]}, different=[["a", "0"]])
     out = round_rule.rule(*changed)
     assert out["D_nonnegative"] and not out["unbound_equal"] and not out["adopted"]
+
+
+def test_a_task_the_round_did_not_run_counts_as_zero_and_must_be_the_record_itself():
+    # round 29 reads D over every task of the record; binding.json holds only the tasks it ran (a, bound +0.02)
+    ran = _reading({"a": [0.52, 0.52], "b": [0.3, 0.4]}, {"a": [0.50, 0.50], "b": [0.3, 0.4]}, {"a": [True, True]})
+    out = round_rule.rule(*ran)
+    assert out["D"] == pytest.approx(0.01) and out["tasks_run"] == ["a"] and out["tasks_not_run"] == ["b"]
+    assert out["tasks"]["b"] == {"run": False, "bound": False, "mean": 0.0, "se": 0.0, "harm": False}
+    assert out["unbound_equal"] and out["adopted"]
+    changed = _reading({"a": [0.52, 0.52], "b": [0.31, 0.4]}, {"a": [0.50, 0.50], "b": [0.3, 0.4]},
+                       {"a": [True, True]})
+    out = round_rule.rule(*changed)  # a task not run whose pair differs: not the record, so (1) fails
+    assert out["changed_but_not_run"] == ["b"] and not out["unbound_equal"] and not out["adopted"]
