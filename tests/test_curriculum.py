@@ -270,8 +270,9 @@ def test_a_curriculum_that_named_todays_default_before_it_was_the_default_resume
     stalled. Both resume today's config, which holds both at their default; another config's key (race_length
     half at ddfb16b~1) does not, and a config that changed one of them resumes neither. So do one named
     ``race_sample: rest`` at ecbe0d1, before revision 22, one named ``race_no_gain: restart`` at 50459a6, before
-    revision 24, one named ``race_gain: resolved`` at 2d973e6, before revision 25, and one named ``no_gain_draw:
-    mixed`` at d412228, before revision 26. One named ``race_no_gain:
+    revision 24, one named ``race_gain: resolved`` at 2d973e6, before revision 25, one named ``no_gain_draw:
+    mixed`` at d412228, before revision 26, and one named ``race_futility: stop`` at 800dbd0, before revision 27.
+    One named ``race_no_gain:
     pool`` (at 6253806, before revision 23) names what is no longer the default, and keeps its own key."""
     from cropi.pipeline.curriculum.state import CurriculumPaths, StageState
 
@@ -281,12 +282,13 @@ def test_a_curriculum_that_named_todays_default_before_it_was_the_default_resume
                                              backend_options={"max_batch_rows": 8}),
         projection=dict(kind="sjlt", dim=64, kept_fraction=0.1), gradient_dtype="float32"))
     keys = cfg.resume_keys()
-    assert cfg.resume_key() == "33b13f976f82e4b9" and len(keys) == 2 ** 9  # every option of CHANGED_DEFAULTS
+    assert cfg.resume_key() == "33b13f976f82e4b9" and len(keys) == 2 ** 10  # every option of CHANGED_DEFAULTS
     assert {"01b5f63c8b4d4c64", "1f08a154b0ea6b4f"} <= keys and "ae5c09f0f29e2398" not in keys
     assert "067642699839bacc" in keys  # at ecbe0d1 (before revision 22) naming race_sample rest (round 21's runs)
     assert "a84c198a2b41fd55" in keys  # at 50459a6 (before revision 24) naming race_no_gain restart (round 24's runs)
     assert "e3d3ac5308975799" in keys  # at 2d973e6 (before revision 25) naming race_gain resolved (round 25's runs)
     assert "ec78b99a522d3c01" in keys  # at d412228 (before revision 26) naming no_gain_draw mixed (round 27's runs)
+    assert "e133231096a4e46e" in keys  # at 800dbd0 (before revision 27) naming race_futility stop (round 29's runs)
     pool = cfg.model_copy(update={"check": CheckOptions(race_no_gain="pool")})
     assert "afa71164fee6b8ab" not in keys and pool.resume_key() == "afa71164fee6b8ab"  # at 6253806 and since
     part = cfg.model_copy(update={"check": CheckOptions(race_length="part")})
@@ -358,9 +360,10 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_no_gain="higher")}
                           ).resume_key() != "d5ca290d348b234d"  # and round 28's candidate
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_futility="never")}
-                          ).resume_key() == "d5ca290d348b234d"  # revisions 19-26's first look, unnamed in the key
+                          ).resume_key() != "d5ca290d348b234d"  # and revisions 19-26's first look, since round 29
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_futility="stop")}
-                          ).resume_key() != "d5ca290d348b234d"  # and round 29's candidate
+                          ).resume_key() == "d5ca290d348b234d"  # the default since round 29, unnamed in the key
+    assert "0efb5c928af15036" in off.resume_keys()  # round 29's candidate, named before it was the default (800dbd0)
     assert "f6afeed0ea3b8926" in off.resume_keys()  # round 24's candidate, named before it was the default (50459a6)
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_gain="any")}
                           ).resume_key() != "d5ca290d348b234d"  # and revisions 23-24's gain, since round 25

@@ -151,10 +151,11 @@ def _race_lines(records: dict) -> list[str]:
             "value at the check's alpha. A sequential race (`check.race_length: sequential`) is read first at half a "
             "part: where that lead is resolved it stops there, else both arms train on to a whole part, whose lead "
             "the row gives; with `check.race_futility: stop` it also stops where the higher half reads at or below "
-            "the stage's start (futile: no gain left to resolve). With `check.race_unresolved: fallback` a race whose lead is not resolved goes on with "
-            "the fallback, the row giving the higher reading's lead. With `check.pool_revisit: race` a stage after "
-            "one that ended holding the pool by the no-gain action races the ranked subset against the pool "
-            "(`revisit`), the ranked subset going on only where its lead is resolved:", "",
+            "the stage's start (futile: no gain left to resolve). With `check.race_unresolved: fallback` a race "
+            "whose lead is not resolved goes on with the fallback, the row giving the higher reading's lead. With "
+            "`check.pool_revisit: race` a stage after one that ended holding the pool by the no-gain action races "
+            "the ranked subset against the pool (`revisit`), the ranked subset going on only where its lead is "
+            "resolved:", "",
             "| method | seed | stage | won | lead | SE | lead / SE | resolved | first look (lead / SE) |",
             "|---|---|---|---|---|---|---|---|---|", *rows]
 

@@ -87,24 +87,27 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        "checked_half16": {"check": {"enabled": True, "race_length": "half"}},
                                        # the round 19 candidate, now the default (revision 19): the race read at half
                                        # a part, on to a whole part only where that lead is not resolved
-                                       "checked_seq": {"check": {"enabled": True, "race_length": "sequential"}},
+                                       "checked_seq": {"check": {"enabled": True, "race_length": "sequential",
+                                                                 "race_futility": "never"}},
                                        # revision 16, the default before round 19: the race a whole part
                                        "checked_rev16": {"check": {"enabled": True, **_WHOLE_RACE}},
                                        # the round 20 candidate (docs/demo.md): revision 19, a race unresolved at
                                        # its last look going on with the fallback
                                        "checked_unres": {"check": {"enabled": True, "race_length": "sequential",
-                                                                   "race_unresolved": "fallback"}},
+                                                                   "race_unresolved": "fallback",
+                                                                   "race_futility": "never"}},
                                        # the round 21 candidate, the default since round 22 (revision 22): the race
                                        # read on every validation prompt not held out to confirm a fall
                                        "checked_raceread": {"check": {"enabled": True, "race_length": "sequential",
-                                                                      "race_sample": "rest"}},
+                                                                      "race_sample": "rest", "race_futility": "never"}},
                                        # revision 19, the default before round 22: the race read on the check's sample
                                        "checked_rev19": {"check": {"enabled": True, "race_sample": "check"}},
                                        # the round 23 candidate (revision 23, the default until round 24):
                                        # a race whose winner shows no gain over the stage's start goes on at the
                                        # whole pool, from the winner's checkpoint
                                        "checked_nogain": {"check": {"enabled": True, "race_no_gain": "pool",
-                                                                    "race_gain": "any", "no_gain_draw": "pool"}},
+                                                                    "race_gain": "any", "no_gain_draw": "pool",
+                                                                    "race_futility": "never"}},
                                        # revision 22, the default before round 23: every race's winner goes on with
                                        # its own subset
                                        "checked_rev22": {"check": {"enabled": True, "race_no_gain": "keep"}},
@@ -112,24 +115,32 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # race shows no gain, the pool trains from the check's best checkpoint, not
                                        # the winner's
                                        "checked_restart": {"check": {"enabled": True, "race_no_gain": "restart",
-                                                                     "race_gain": "any", "no_gain_draw": "pool"}},
+                                                                     "race_gain": "any", "no_gain_draw": "pool",
+                                                                     "race_futility": "never"}},
                                        # the round 25 candidate (revision 25, the default until round 27): a race's
                                        # gain over the start counts only where resolved at alpha, the pool its draw
                                        "checked_resolved": {"check": {"enabled": True, "race_gain": "resolved",
-                                                                      "no_gain_draw": "pool"}},
+                                                                      "no_gain_draw": "pool",
+                                                                      "race_futility": "never"}},
                                        # the round 26 candidate: the pool the no-gain action took is revisited by a
                                        # race of the ranked subset against it
                                        "checked_revisit": {"check": {"enabled": True, "pool_revisit": "race",
-                                                                     "no_gain_draw": "pool"}},
-                                       # the round 27 candidate, now the default (revision 26): the no-gain action
-                                       # trains the pool's mixed prompts
-                                       "checked_mixed": {"check": {"enabled": True, "no_gain_draw": "mixed"}},
+                                                                     "no_gain_draw": "pool", "race_futility": "never"}},
+                                       # the round 27 candidate (revision 26, the default until round 29): the
+                                       # no-gain action trains the pool's mixed prompts
+                                       "checked_mixed": {"check": {"enabled": True, "no_gain_draw": "mixed",
+                                                                   "race_futility": "never"}},
                                        # the round 28 candidate (not adopted: docs/demo.md): the no-gain action's
                                        # draw goes on from the higher of the stage's start and the race's winner
-                                       "checked_higher": {"check": {"enabled": True, "race_no_gain": "higher"}},
-                                       # the round 29 candidate: a sequential race stops at its first look where
-                                       # the higher arm reads at or below the stage's start (a futility bound)
-                                       "checked_futile": {"check": {"enabled": True, "race_futility": "stop"}}}
+                                       "checked_higher": {"check": {"enabled": True, "race_no_gain": "higher",
+                                                                    "race_futility": "never"}},
+                                       # the round 29 candidate, now the default (revision 27): a sequential race
+                                       # stops at its first look where the higher arm reads at or below the
+                                       # stage's start (a futility bound)
+                                       "checked_futile": {"check": {"enabled": True, "race_futility": "stop"}},
+                                       # revision 26, the default before round 29: every unresolved first look
+                                       # goes on
+                                       "checked_rev26": {"check": {"enabled": True, "race_futility": "never"}}}
 
 
 def is_checked(method: str) -> bool:

@@ -117,15 +117,15 @@ class CheckOptions(BaseModel):
                                 "at alpha by the race's own test, since a gain inside the noise shows no more than "
                                 "none does (resolved: issue 32's revision 25, docs/demo.md round 25), or any lead "
                                 "above zero (any: revisions 23-24)")
-    race_futility: Literal["never", "stop"] = Field(
-        "never", description="a sequential race's first look where the arms' lead is not resolved: the stage's start "
-                             "read there on the race's own sample, and where the higher arm's paired gain over it is "
-                             "at or below zero the race stops, the higher first half winning as in a half-part race, "
-                             "since under the first half's trend the whole part resolves a gain with probability under "
-                             "1 - Phi(sqrt(2) t), and without a resolved gain both arms' steps are discarded (stop: "
-                             "the round 29 candidate, docs/demo.md: a futility bound at half the information); or "
-                             "every unresolved first look goes on (never: revisions 19-26); acts only where "
-                             "race_no_gain is not keep")
+    race_futility: Literal["stop", "never"] = Field(
+        "stop", description="a sequential race's first look where the arms' lead is not resolved: the stage's start "
+                            "read there on the race's own sample, and where the higher arm's paired gain over it is "
+                            "at or below zero the race stops, the higher first half winning as in a half-part race, "
+                            "since under the first half's trend the whole part resolves a gain with probability under "
+                            "1 - Phi(sqrt(2) t), and without a resolved gain both arms' steps are discarded (stop: "
+                            "issue 32's revision 27, docs/demo.md round 29: a futility bound at half the "
+                            "information); or every unresolved first look goes on (never: revisions 19-26); acts "
+                            "only where race_no_gain is not keep")
     no_gain_draw: Literal["mixed", "pool"] = Field(
         "mixed", description="what the no-gain action (race_no_gain) trains: every pool prompt whose group is mixed at "
                              "the stage's ranking, informative's candidates, all of them and not filled from the rest "

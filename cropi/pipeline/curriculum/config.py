@@ -22,9 +22,10 @@ from cropi.utils.hashing import short_hash
 # saturated -> stalled (ddfb16b, revision 16), race_length part -> sequential (001c144, revision 19), race_sample
 # check -> rest (6d8838d, revision 22), race_no_gain keep -> pool (the commit after 6253806, revision 23), race_no_gain
 # pool -> restart (the commit after 50459a6, revision 24), race_gain any -> resolved (the commit after 2d973e6,
-# revision 25), no_gain_draw pool -> mixed (the commit after d412228, revision 26).
+# revision 25), no_gain_draw pool -> mixed (the commit after d412228, revision 26), race_futility never -> stop (the
+# commit after 800dbd0, revision 27).
 CHANGED_DEFAULTS = ("refresh", "widened", "sizing", "widen_when", "race_length", "race_sample", "race_no_gain",
-                    "race_gain", "no_gain_draw")
+                    "race_gain", "no_gain_draw", "race_futility")
 
 # The checked curriculum's refresh (check.refresh): the status criterion at its decision point (a fresh group more
 # likely than not in the other status) and no cap, which would keep the blind spot for the prompts over it; both
