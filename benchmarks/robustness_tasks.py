@@ -129,3 +129,11 @@ SKILLS_POS_AMID_COUNT = remix("skills_pos_amid_count", ("pos",),
                               "pos, a twentieth of a skills pool half of which is count", base=skills)
 HALF_NTH = remix("half_nth", ("nth",), {"nth": 0.5, **{s: 0.1 for s in ("max", "min", "after", "before", "above")}},
                  "nth, half the lists pool")
+# Fresh held-out readings of revision 27 (docs/demo.md, "Fresh held-out readings of revision 27"; committed with their
+# design, before any run on them): a target that is a quarter of the pool, a share no task had, in both families.
+QUARTER_AFTER = remix("quarter_after", ("after",),
+                      {"after": 0.25, **{s: 0.15 for s in ("max", "min", "before", "above", "nth")}},
+                      "after, a quarter of the lists pool")
+SKILLS_QUARTER_LASTMUL = remix("skills_quarter_lastmul", ("lastmul",),
+                               {"lastmul": 0.25, **{s: 0.15 for s in ("count", "maxd", "mind", "pos", "mod")}},
+                               "lastmul, a quarter of the skills pool", base=skills)
