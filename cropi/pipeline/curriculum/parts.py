@@ -292,9 +292,10 @@ class _Stage:
         legs, halves = entries, None
         if self._race_length() == "sequential" and whole > steps:
             if "race_first_look" not in self.record:  # the decision to go on, saved before either arm does
-                look = self._race_lead(*self._ranked(entries))
-                if not look["resolved"] and self._futility_reads():
-                    look["futile"] = self._gain_over_start(self._ranked(entries)[0])["lead"] <= 0
+                higher, lower = self._ranked(entries)
+                look = self._race_lead(higher, lower)
+                if not look["resolved"] and self._futility_reads(higher):
+                    look["futile"] = self._gain_over_start(higher)["lead"] <= 0
                 self.record["race_first_look"] = look
                 self.state.save()
             look = self.record["race_first_look"]
@@ -353,7 +354,7 @@ class _Stage:
         decides as it began) and whether the winner's reading there shows no gain over the start's (``race_gain``:
         under ``any`` no higher, under ``resolved`` not higher by more than the race's own test resolves), the paired
         gain recorded with that test."""
-        if self.plan.get("race_no_gain", "keep") == "keep" or "race_values" not in winner:
+        if not self._start_reads(winner):
             return False
         gain = self._gain_over_start(winner)
         shown = gain["resolved"] if self.plan.get("race_gain", "any") == "resolved" else gain["lead"] > 0
@@ -372,13 +373,18 @@ class _Stage:
         return chk.race_lead(chk.from_lists(entry["race_values"]), chk.from_lists(self.record["race_start"]["values"]),
                              self.opts.alpha, self.plan.get("test", "normal"))
 
-    def _futility_reads(self) -> bool:
-        """``race_futility: stop`` (read from the plan: a stage planned before the option resumes as it began): whether
-        an unresolved first look reads the higher arm's gain over the start, to stop the race where it is at or below
-        zero. Only the arms' race (not a revisit) and only where a no-gain action exists, whose test would discard
-        both arms' steps without a resolved gain."""
-        return (self.plan.get("race_futility", "never") == "stop" and not self.revisit
-                and self.plan.get("race_no_gain", "keep") != "keep" and self.race_sample is not None)
+    def _start_reads(self, entry: dict) -> bool:
+        """Whether a race entry is read against the stage's start: a no-gain action exists (``race_no_gain`` other
+        than keep, read from the plan: a stage planned before the option resumes as it began) and the entry was read
+        on the race's own sample."""
+        return self.plan.get("race_no_gain", "keep") != "keep" and "race_values" in entry
+
+    def _futility_reads(self, higher: dict) -> bool:
+        """``race_futility: stop`` (read from the plan, as above): whether an unresolved first look reads the higher
+        arm's gain over the start, to stop the race where it is at or below zero. Only the arms' race (not a
+        revisit), and only where the no-gain test reads the start, which would discard both arms' steps without a
+        resolved gain."""
+        return self.plan.get("race_futility", "never") == "stop" and not self.revisit and self._start_reads(higher)
 
     def _race_read(self, entry: dict) -> dict:
         """A race entry with its reading on the race's own sample where it has one (``race_values``,
