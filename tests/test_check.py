@@ -1865,3 +1865,95 @@ def test_a_curriculum_killed_after_a_futile_first_look_resumes_it_without_traini
     assert len(killed.calls) + len(resumed.calls) == len(whole.calls) + 1  # the killed call alone is trained again
     assert _race_shape(again) == _race_shape(record) and again["race_first_look"]["futile"] is True
     assert again["race_start"] == record["race_start"]
+
+
+def _gain_cases(case: str) -> PartTrainer:
+    """The trainers of the ``race_gain_length`` tests, read by ``_race_inside_the_noise`` (a race checkpoint reads
+    0.015 below its quality on the race's sample, with a per-prompt pattern the start does not have; both arms have
+    it, so the arms' lead is resolved at one step wherever it is above zero). The winner's half gains over the start:
+    +0.005, inside the noise, then +0.025 over its whole part, resolved (``resolves_on``); +0.005, then -0.010 (the
+    primary turns after its first step: ``falls_on``); -0.005 (``at_or_below_zero``); +0.035, resolved at the half
+    (``resolved_at_half``)."""
+    return {"resolves_on": lambda: PartTrainer(),
+            "falls_on": lambda: PartTrainer(step=0.02, turn=1, drop=0.015, fallback_step=0.01),
+            "at_or_below_zero": lambda: PartTrainer(step=0.005, fallback_step=0.01),
+            "resolved_at_half": lambda: PartTrainer(fallback_step=0.05)}[case]()
+
+
+@pytest.mark.parametrize("case", ["resolves_on", "falls_on", "at_or_below_zero", "resolved_at_half"])
+def test_a_winner_whose_half_gain_is_inside_the_noise_trains_on_under_race_gain_length_sequential(setup, monkeypatch,
+                                                                                                   case):
+    """``race_gain_length: sequential`` (the round 30 candidate). The arms' race is decided at its first look (one
+    step each). Under ``half`` (revision 27) a winner whose half gains over the start inside the noise is taken for
+    one without gain: the no-gain action sends the pool on from the start, and the race's two steps bought nothing.
+    Under ``sequential`` such a winner alone trains the other step of its whole part, from its half's checkpoint, and
+    the no-gain test reads the whole part: where that gain is resolved the winner goes on with its own subset and is
+    the stage's best; where it falls the no-gain action acts as before, one step later (the pool trains 5 steps, not
+    6). The stage spends exactly its 8 steps. Where the half's gain is at or below zero, or already resolved, every
+    part is revision 27's."""
+    monkeypatch.setattr(chk, "race_draws", lambda budget, prompts, floor: 3)  # the race's draws, known above
+    trainers, runs = {}, {}
+    for rule in ("half", "sequential"):
+        trainers[rule] = _gain_cases(case)
+        runs[rule] = _one_raced_stage(setup, monkeypatch, trainers[rule], _race_inside_the_noise,
+                                      f"gainseq-{case}-{rule}", race_gain_length=rule, race_gain="resolved",
+                                      race_no_gain="restart", race_futility="stop")[:2]
+    (half, _), (seq, answer) = runs["half"], runs["sequential"]
+    assert half["plan"]["race_gain_length"] == "half" and seq["plan"]["race_gain_length"] == "sequential"
+    assert half["race_first_look"]["resolved"] is True and "race_gain_look" not in half and "race_on" not in half
+    look = seq["race_gain_look"]
+    if case in ("at_or_below_zero", "resolved_at_half"):
+        assert look["on"] is False and (look["gain"]["lead"] <= 0) == (case == "at_or_below_zero")
+        assert look["gain"]["resolved"] == (case == "resolved_at_half") and "race_on" not in seq
+        assert _race_shape(seq) == _race_shape(half) and seq["race_start"] == half["race_start"]
+        return
+    assert look["on"] is True and look["gain"]["lead"] == pytest.approx(0.005, abs=1e-6)
+    assert look["gain"]["resolved"] is False and answer["race_gain_look"] == look
+    assert half["race_start"]["gain"] == look["gain"] and half["race_start"]["no_gain"] is True
+    loser, first = seq["race"]
+    on, = seq["race_on"]
+    assert (loser["race"], first["race"], on["race"]) == ("lost", "won", "won") and on["leg"] == "on"
+    assert (on["arm"], on["steps"], on["from"]) == (first["arm"], 1, first["checkpoint"])
+    assert [e["spent_start"] for e in (loser, first, on)] == [0, 1, 2]
+    assert [c["steps"] for c in trainers["sequential"].calls] == [1, 1, 1, 2, 3]
+    assert [c["steps"] for c in trainers["half"].calls] == [1, 1, 2, 2, 2]
+    assert trainers["sequential"].calls[2]["seed"] not in {c["seed"] for c in trainers["sequential"].calls[:2]}
+    winner = seq["parts"][0]
+    assert winner["checkpoint"] == on["checkpoint"] and winner["action"].startswith("race_won")
+    for record in (half, seq):
+        spent = sum(e["steps"] for e in (*record["race"], *record.get("race_on", []), *record["parts"][1:]))
+        assert spent == 8  # the stage's steps, every race step counted (parts[0] is the race's winner again)
+    whole = seq["race_start"]["gain"]  # the no-gain test read the whole part
+    if case == "resolves_on":
+        assert whole["lead"] == pytest.approx(0.025, abs=1e-6) and whole["resolved"] is True
+        assert seq["race_start"]["no_gain"] is False and "widened_by" not in winner
+        assert [e["fraction"] for e in seq["parts"]] == [0.25] * 3 and seq["start"]["best"]["checkpoint"] != \
+            seq["start"]["checkpoint"]
+        assert all(e["arm"] == "diverse" for e in seq["parts"]) and "no_gain" not in seq["end"]["cases"]
+    else:
+        assert whole["lead"] == pytest.approx(-0.010, abs=1e-6) and seq["race_start"]["no_gain"] is True
+        assert winner["widened_by"] == "no_gain" and winner["then"]["checkpoint"] == seq["start"]["checkpoint"]
+        pool = lambda r: sum(e["steps"] for e in r["parts"][1:] if e["fraction"] == 1.0)  # noqa: E731
+        assert (pool(half), pool(seq)) == (6, 5)
+
+
+def test_a_curriculum_killed_inside_a_winners_other_half_resumes_it_and_decides_as_an_unbroken_run(setup,
+                                                                                                    monkeypatch):
+    """Killed while the race's winner trains its other half alone (``race_gain_length: sequential``), a rerun reads
+    the saved gain look, trains that half once more and nothing else again, and ends as the unbroken run, part for
+    part."""
+    monkeypatch.setattr(chk, "race_draws", lambda budget, prompts, floor: 3)
+    opts = dict(race_gain_length="sequential", race_gain="resolved", race_no_gain="restart")
+    whole = PartTrainer()
+    record = _one_raced_stage(setup, monkeypatch, whole, _race_inside_the_noise, "gainseq-whole", **opts)[0]
+    killed = PartTrainer(crash_at=3)  # the two race halves, then the winner's other half
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _one_raced_stage(setup, monkeypatch, killed, _race_inside_the_noise, "gainseq-killed", **opts)
+    state = json.loads((Path(setup["root"]) / "curricula" / "gainseq-killed" / "state.json").read_text())
+    assert state["stages"][0]["check"]["race_gain_look"]["on"] is True  # decided before the half trained
+    resumed = PartTrainer()
+    again = _one_raced_stage(setup, monkeypatch, resumed, _race_inside_the_noise, "gainseq-killed", **opts)[0]
+    assert len(killed.calls) + len(resumed.calls) == len(whole.calls) + 1  # the killed call alone is trained again
+    assert resumed.calls[0]["seed"] == whole.calls[2]["seed"]
+    assert _race_shape(again) == _race_shape(record) and again["race_gain_look"] == record["race_gain_look"]
+    assert again["race_start"] == record["race_start"]

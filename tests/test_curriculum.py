@@ -364,6 +364,10 @@ def test_resume_key_store_paths_and_names_are_those_of_the_original_code(tmp_pat
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_futility="stop")}
                           ).resume_key() == "d5ca290d348b234d"  # the default since round 29, unnamed in the key
     assert "0efb5c928af15036" in off.resume_keys()  # round 29's candidate, named before it was the default (800dbd0)
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_gain_length="half")}
+                          ).resume_key() == "d5ca290d348b234d"  # revisions 19-27's gain look, unnamed in the key
+    assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_gain_length="sequential")}
+                          ).resume_key() != "d5ca290d348b234d"  # and round 30's candidate
     assert "f6afeed0ea3b8926" in off.resume_keys()  # round 24's candidate, named before it was the default (50459a6)
     assert off.model_copy(update={"check": CheckOptions(enabled=False, samples=8, race_gain="any")}
                           ).resume_key() != "d5ca290d348b234d"  # and revisions 23-24's gain, since round 25

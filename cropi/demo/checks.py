@@ -151,8 +151,11 @@ def _race_lines(records: dict) -> list[str]:
             "value at the check's alpha. A sequential race (`check.race_length: sequential`) is read first at half a "
             "part: where that lead is resolved it stops there, else both arms train on to a whole part, whose lead "
             "the row gives; with `check.race_futility: stop` it also stops where the higher half reads at or below "
-            "the stage's start (futile: no gain left to resolve). With `check.race_unresolved: fallback` a race "
-            "whose lead is not resolved goes on with the fallback, the row giving the higher reading's lead. With "
+            "the stage's start (futile: no gain left to resolve), and with `check.race_gain_length: sequential` a "
+            "winner stopped at its first look whose gain over the start is above zero but not resolved trains on to "
+            "a whole part alone before the no-gain test reads it (winner on). With `check.race_unresolved: "
+            "fallback` a race whose lead is not resolved goes on with the fallback, the row giving the higher "
+            "reading's lead. With "
             "`check.pool_revisit: race` a stage after one that ended holding the pool by the no-gain action races "
             "the ranked subset against the pool (`revisit`), the ranked subset going on only where its lead is "
             "resolved:", "",
@@ -168,7 +171,9 @@ def _first_look(look: dict | None) -> str:
     """A sequential race's reading at half a part: its lead over its SE, and whether the race stopped there."""
     if not look:
         return "-"
-    return f"{_ratio(look)}, " + ("stopped" if look["resolved"] else "stopped, futile" if look.get("futile")
+    gain = look.get("gain_look")  # race_gain_length: sequential, the winner's gain over the start read at its half
+    on = f" (gain {_ratio(gain['gain'])}: winner on)" if gain and gain["on"] else ""
+    return f"{_ratio(look)}, " + ("stopped" + on if look["resolved"] else "stopped, futile" if look.get("futile")
                                   else "went on")
 
 
@@ -183,7 +188,8 @@ def _races(m: str, st: dict):
         if revisit:
             won = (f"revisit: {revisit['went_on']} ({revisit['arm']} {revisit['fraction']:g} against the pool; "
                    f"{revisit['higher']} read higher)")
-        yield m, won, lead, st.get("race_first_look")
+        yield m, won, lead, st.get("race_first_look") and st["race_first_look"] | (
+            {"gain_look": st["race_gain_look"]} if st.get("race_gain_look") else {})
     for race in st.get("widen_races") or []:
         if race.get("lead"):
             yield (f"{m} (part {race['part']})", f"fraction {race['winner']:g} of {race['fractions'][0]:g}, "

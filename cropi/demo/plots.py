@@ -27,7 +27,8 @@ COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_ra
           "checked_rev22": "darkkhaki", "checked_restart": "mediumturquoise",
           "checked_resolved": "indigo", "checked_revisit": "orangered",
           "checked_mixed": "saddlebrown", "checked_higher": "darkolivegreen",
-          "checked_futile": "cadetblue", "checked_rev26": "darkseagreen"}
+          "checked_futile": "cadetblue", "checked_rev26": "darkseagreen",
+          "checked_gainseq": "mediumorchid"}
 _SPARE = ("lime", "teal", "magenta", "sienna", "slateblue", "darkgreen", "crimson", "peru")
 
 

@@ -126,6 +126,15 @@ class CheckOptions(BaseModel):
                             "issue 32's revision 27, docs/demo.md round 29: a futility bound at half the "
                             "information); or every unresolved first look goes on (never: revisions 19-26); acts "
                             "only where race_no_gain is not keep")
+    race_gain_length: Literal["half", "sequential"] = Field(
+        "half", description="a sequential race decided at its first look (the arms' lead resolved): the winner's "
+                            "gain over the stage's start read at its half only, the no-gain action taking the pool "
+                            "where it is not resolved (half: revisions 19-27); or read as the race reads its arms, a "
+                            "two-look test with the same bounds: where the half's gain is above zero but not "
+                            "resolved at alpha, the winner alone trains the other half of the whole part from its "
+                            "half's checkpoint and the no-gain test reads the whole part (sequential: the round 30 "
+                            "candidate, docs/demo.md: a gain inside the noise at half the part is not a reading of no "
+                            "gain); acts only where race_no_gain is not keep and race_gain is resolved")
     no_gain_draw: Literal["mixed", "pool"] = Field(
         "mixed", description="what the no-gain action (race_no_gain) trains: every pool prompt whose group is mixed at "
                              "the stage's ranking, informative's candidates, all of them and not filled from the rest "

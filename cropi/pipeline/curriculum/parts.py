@@ -112,7 +112,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
             "widen_check": opts.widen_check, "screen_z": round(chk.screen_z(opts, len(steps)), 6),
             "race_length": opts.race_length, "widen_when": opts.widen_when, "race_unresolved": opts.race_unresolved,
             "race_sample": opts.race_sample, "race_no_gain": opts.race_no_gain, "race_gain": opts.race_gain,
-            "race_futility": opts.race_futility,
+            "race_futility": opts.race_futility, "race_gain_length": opts.race_gain_length,
             "pool_revisit": opts.pool_revisit, "no_gain_draw": opts.no_gain_draw,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
@@ -324,10 +324,14 @@ class _Stage:
         if legs is not entries:  # a whole part each, as two halves: each arm's first half before its other
             halves = tuple(next(e for e in entries if (e["arm"], e["fraction"]) == (side["arm"], side["fraction"]))
                            for side in (winner, loser))
+        elif self._gain_goes_on(winner, whole > steps):  # the winner alone trains on to its whole part
+            halves, winner = (winner, None), self._winner_on(winner, whole - steps)
         self._settle(winner, loser, start["spent"], halves)
         self.record["race_lead"] = read  # the higher reading's lead: the winner's, but where the fallback went on
-        if halves:
+        if halves and halves[1]:
             self.record["race"], self.record["race_on"] = [halves[1], halves[0]], [loser, winner]
+        elif halves:
+            self.record["race"], self.record["race_on"] = [loser, halves[0]], [winner]
         else:
             self.record["race"] = [loser, winner]
         # the pool going on from a revisit is the no-gain action's draw already: judged as any part
@@ -386,6 +390,35 @@ class _Stage:
         resolved gain."""
         return self.plan.get("race_futility", "never") == "stop" and not self.revisit and self._start_reads(higher)
 
+    def _gain_goes_on(self, winner: dict, sequential: bool) -> bool:
+        """``race_gain_length: sequential`` (read from the plan, as above): whether the winner of a sequential arms'
+        race decided at its first look trains on to its whole part before the no-gain test, its half's paired gain
+        over the start above zero and not resolved (``race_gain_look``: that gain, and ``on``; saved before the
+        other half trains, so a resumed race goes on as it began). Only where the no-gain test counts resolved gains
+        alone (``race_gain: resolved``), which a half inside the noise would fail at half the part."""
+        if "race_gain_look" not in self.record:
+            if not (sequential and self._race_length() == "sequential" and not self.revisit
+                    and self.plan.get("race_gain_length", "half") == "sequential"
+                    and self.plan.get("race_gain", "any") == "resolved" and self._start_reads(winner)):
+                return False
+            gain = self._gain_over_start(winner)
+            self.record["race_gain_look"] = {"gain": gain, "on": gain["lead"] > 0 and not gain["resolved"]}
+            self.state.save()
+        return self.record["race_gain_look"]["on"]
+
+    def _winner_on(self, half: dict, steps: int) -> dict:
+        """The race winner's other half, trained on from its half's checkpoint with the seed it would have had had
+        both arms gone on (``race_on``), read on the race's sample; saved, so a resumed race trains it once."""
+        legs = self.record.setdefault("race_on", [])
+        if not legs:
+            side = self.record["race"].index(half)
+            legs.append(self._race_read(self._train(0, half["arm"], half["fraction"], half["checkpoint"],
+                                                    self.record["start"]["spent"],
+                                                    tag=f"{self._race_tag(half['arm'], half['fraction'])}-on",
+                                                    steps=steps, seed_part=_RACE_ON, side=side) | {"leg": "on"}))
+            self.state.save()
+        return legs[0]
+
     def _race_read(self, entry: dict) -> dict:
         """A race entry with its reading on the race's own sample where it has one (``race_values``,
         ``race_objective``; the seconds counted in the entry's checks); its ``values`` stay the check sample's,
@@ -419,12 +452,13 @@ class _Stage:
         began)."""
         return self.plan.get("race_length", "part")
 
-    def _settle(self, winner: dict, loser: dict, spent: int, halves: tuple[dict, dict] | None = None) -> dict:
+    def _settle(self, winner: dict, loser: dict, spent: int, halves: tuple[dict, dict | None] | None = None) -> dict:
         """A decided race (the arms', or a widening one): each entry marked won or lost, the loser's steps spent
         first from ``spent`` and the winner's after them; returns the winner's lead (``chk.race_lead``). ``halves``:
-        the winner's and the loser's first halves, where a sequential race trained each arm on, each spent before
-        its arm's other half."""
-        chains = ([halves[1], loser], [halves[0], winner]) if halves else ([loser], [winner])
+        the winner's and the loser's first halves, where a sequential race trained each arm on (the loser's None where
+        the winner alone did: race_gain_length), each spent before its arm's other half."""
+        first, other = halves or (None, None)  # other None: the winner alone trained on (race_gain_length)
+        chains = ([e for e in (other, loser) if e], [e for e in (first, winner) if e])
         for chain, outcome in zip(chains, ("lost", "won")):
             for e in chain:
                 e["race"], e["spent_start"] = outcome, spent

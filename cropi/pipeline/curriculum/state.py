@@ -138,6 +138,7 @@ def check_summary(stage: dict) -> dict:
                       **({"pool_flat": start["pool_flat"]} if start.get("pool_flat") else {})},
             "race": [check(e) for e in record.get("race", [])], "race_lead": record.get("race_lead"),
             **({"race_first_look": record["race_first_look"]} if record.get("race_first_look") else {}),
+            **({"race_gain_look": record["race_gain_look"]} if record.get("race_gain_look") else {}),
             **({"race_unresolved": record["race_unresolved"]} if record.get("race_unresolved") else {}),
             **({"race_start": {k: record["race_start"].get(k) for k in ("objective", "draws", "gain", "no_gain")}
                                | ({"from_winner": record["race_start"]["from_winner"]}  # race_no_gain: higher
@@ -158,8 +159,10 @@ def check_summary(stage: dict) -> dict:
 
 def race_sides(record: dict) -> tuple[dict, dict] | None:
     """A checked stage record's (or its ``check_summary``'s) race entries, the winner's and the loser's (a sequential
-    race trained on: their other halves, whose readings decided it); None where the stage ran no race."""
-    entries = record.get("race_on") or record.get("race") or []
+    race whose arms both trained on: their other halves, whose readings decided it; where the winner alone did,
+    ``race_gain_length``, the halves); None where the stage ran no race."""
+    on = record.get("race_on") or []
+    entries = on if len(on) == 2 else record.get("race") or []
     if len(entries) != 2:
         return None
     won = next(e for e in entries if e["race"] == "won")
