@@ -141,9 +141,9 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # revision 26, the default before round 29: every unresolved first look
                                        # goes on
                                        "checked_rev26": {"check": {"enabled": True, "race_futility": "never"}},
-                                       # the round 30 candidate (docs/demo.md): a winner decided at the first look
-                                       # whose gain over the start is above zero, not resolved, trains on to its
-                                       # whole part before the no-gain test
+                                       # the round 30 candidate (not adopted: docs/demo.md): a winner decided at
+                                       # the first look whose gain over the start is above zero, not resolved,
+                                       # trains on to its whole part before the no-gain test
                                        "checked_gainseq": {"check": {"enabled": True,
                                                                      "race_gain_length": "sequential"}}}
 

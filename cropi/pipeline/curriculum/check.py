@@ -133,8 +133,9 @@ class CheckOptions(BaseModel):
                             "two-look test with the same bounds: where the half's gain is above zero but not "
                             "resolved at alpha, the winner alone trains the other half of the whole part from its "
                             "half's checkpoint and the no-gain test reads the whole part (sequential: the round 30 "
-                            "candidate, docs/demo.md: a gain inside the noise at half the part is not a reading of no "
-                            "gain); acts only where race_no_gain is not keep and race_gain is resolved")
+                            "candidate, not adopted, docs/demo.md: the whole part resolved a gain in 2 of the 12 runs "
+                            "it trained on, and D was -0.0010 over 31 tasks); acts only where race_no_gain is not keep "
+                            "and race_gain is resolved")
     no_gain_draw: Literal["mixed", "pool"] = Field(
         "mixed", description="what the no-gain action (race_no_gain) trains: every pool prompt whose group is mixed at "
                              "the stage's ranking, informative's candidates, all of them and not filled from the rest "
