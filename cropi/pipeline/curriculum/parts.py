@@ -290,7 +290,8 @@ class _Stage:
             entries.append(self._race_read(entry))
             self.state.save()
         legs, halves = entries, None
-        if self._race_length() == "sequential" and whole > steps:
+        sequential = self._race_length() == "sequential" and whole > steps
+        if sequential:
             if "race_first_look" not in self.record:  # the decision to go on, saved before either arm does
                 higher, lower = self._ranked(entries)
                 look = self._race_lead(higher, lower)
@@ -302,12 +303,7 @@ class _Stage:
             if not look["resolved"] and not look.get("futile"):
                 legs = self.record.setdefault("race_on", [])  # each arm's other half, in the arms' order
                 for side in range(len(legs), len(entries)):
-                    e = entries[side]
-                    legs.append(self._race_read(self._train(0, e["arm"], e["fraction"], e["checkpoint"],
-                                                            start["spent"],
-                                                            tag=f"{self._race_tag(e['arm'], e['fraction'])}-on",
-                                                            steps=whole - steps, seed_part=_RACE_ON,
-                                                            side=side) | {"leg": "on"}))
+                    legs.append(self._other_half(entries[side], side, whole - steps))
                     self.state.save()
         winner, loser = self._ranked(legs)
         read = self._race_lead(winner, loser)
@@ -324,7 +320,7 @@ class _Stage:
         if legs is not entries:  # a whole part each, as two halves: each arm's first half before its other
             halves = tuple(next(e for e in entries if (e["arm"], e["fraction"]) == (side["arm"], side["fraction"]))
                            for side in (winner, loser))
-        elif self._gain_goes_on(winner, whole > steps):  # the winner alone trains on to its whole part
+        elif sequential and self._gain_goes_on(winner):  # the winner alone trains on to its whole part
             halves, winner = (winner, None), self._winner_on(winner, whole - steps)
         self._settle(winner, loser, start["spent"], halves)
         self.record["race_lead"] = read  # the higher reading's lead: the winner's, but where the fallback went on
@@ -390,16 +386,15 @@ class _Stage:
         resolved gain."""
         return self.plan.get("race_futility", "never") == "stop" and not self.revisit and self._start_reads(higher)
 
-    def _gain_goes_on(self, winner: dict, sequential: bool) -> bool:
+    def _gain_goes_on(self, winner: dict) -> bool:
         """``race_gain_length: sequential`` (read from the plan, as above): whether the winner of a sequential arms'
         race decided at its first look trains on to its whole part before the no-gain test, its half's paired gain
         over the start above zero and not resolved (``race_gain_look``: that gain, and ``on``; saved before the
         other half trains, so a resumed race goes on as it began). Only where the no-gain test counts resolved gains
         alone (``race_gain: resolved``), which a half inside the noise would fail at half the part."""
         if "race_gain_look" not in self.record:
-            if not (sequential and self._race_length() == "sequential" and not self.revisit
-                    and self.plan.get("race_gain_length", "half") == "sequential"
-                    and self.plan.get("race_gain", "any") == "resolved" and self._start_reads(winner)):
+            if (self.revisit or self.plan.get("race_gain_length", "half") != "sequential"
+                    or self.plan.get("race_gain", "any") != "resolved" or not self._start_reads(winner)):
                 return False
             gain = self._gain_over_start(winner)
             self.record["race_gain_look"] = {"gain": gain, "on": gain["lead"] > 0 and not gain["resolved"]}
@@ -411,13 +406,17 @@ class _Stage:
         both arms gone on (``race_on``), read on the race's sample; saved, so a resumed race trains it once."""
         legs = self.record.setdefault("race_on", [])
         if not legs:
-            side = self.record["race"].index(half)
-            legs.append(self._race_read(self._train(0, half["arm"], half["fraction"], half["checkpoint"],
-                                                    self.record["start"]["spent"],
-                                                    tag=f"{self._race_tag(half['arm'], half['fraction'])}-on",
-                                                    steps=steps, seed_part=_RACE_ON, side=side) | {"leg": "on"}))
+            legs.append(self._other_half(half, self.record["race"].index(half), steps))
             self.state.save()
         return legs[0]
+
+    def _other_half(self, half: dict, side: int, steps: int) -> dict:
+        """A sequential race's arm trained on from its half's checkpoint (``side``: the arm's place in the race, its
+        seed's digit), read on the race's sample: a leg of ``race_on``."""
+        tag = f"{self._race_tag(half['arm'], half['fraction'])}-on"
+        entry = self._train(0, half["arm"], half["fraction"], half["checkpoint"], self.record["start"]["spent"],
+                            tag=tag, steps=steps, seed_part=_RACE_ON, side=side)
+        return self._race_read(entry) | {"leg": "on"}
 
     def _race_read(self, entry: dict) -> dict:
         """A race entry with its reading on the race's own sample where it has one (``race_values``,
