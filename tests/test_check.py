@@ -1867,6 +1867,79 @@ def test_a_curriculum_killed_after_a_futile_first_look_resumes_it_without_traini
     assert again["race_start"] == record["race_start"]
 
 
+@pytest.mark.parametrize("case", ["gain_resolved", "gain_inside_the_noise", "futile"])
+def test_a_sequential_race_stops_where_its_first_look_resolves_the_higher_arms_gain_under_race_efficacy_stop(
+        setup, monkeypatch, case):
+    """``race_efficacy: stop`` (the round 31 candidate). On the race's own sample the fallback reads with a per-prompt
+    pattern (+-0.05) the primary and the start do not have, so the arms' lead at the first look (one step each) is
+    inside its noise. Where the fallback gains +0.018 a step and the primary +0.01, the higher half (the fallback)
+    gains 0.018 over the start, resolved (3.2 of its SEs), against an arms' lead of 0.008 (1.4): under
+    ``never`` (revision 27) both arms train their other halves, under ``stop`` the race ends at the first look with
+    the fallback's half the winner, the loser's half spent first, its gain recorded (``gained``), the no-gain test
+    reading that same resolved gain, and the fallback's subset trains the stage's other six steps from its half's
+    checkpoint, where revision 27 trained four after the race's four. Where the higher half's gain is inside the noise
+    (+0.008 against +0.004: 1.4 SEs), or at or below the start (the futility bound's case, read first), every part is
+    revision 27's."""
+    monkeypatch.setattr(chk, "race_draws", lambda budget, prompts, floor: 3)  # the race's draws, known above
+    trainer = {"gain_resolved": lambda: PartTrainer(fallback_step=0.018),
+               "gain_inside_the_noise": lambda: PartTrainer(step=0.004),
+               "futile": lambda: PartTrainer(step=-0.01, fallback_drop=0.005)}[case]
+    runs = {rule: _one_raced_stage(setup, monkeypatch, trainer(), _noisy_fallback_on_the_race_sample,
+                                   f"efficacy-{case}-{rule}", race_efficacy=rule, race_gain="resolved",
+                                   race_no_gain="restart", race_futility="stop")[:2] for rule in ("never", "stop")}
+    (never, _), (stop, answer) = runs["never"], runs["stop"]
+    assert never["plan"]["race_efficacy"] == "never" and stop["plan"]["race_efficacy"] == "stop"
+    look = never["race_first_look"]
+    assert look["resolved"] is False and "gained" not in look and "gain" not in look
+    if case != "gain_resolved":
+        assert stop["race_first_look"].get("gained", False) is False
+        assert _race_shape(stop) == _race_shape(never) and stop["race_start"] == never["race_start"]
+        if case == "futile":  # the futility bound stopped it; the efficacy bound reads nothing
+            assert stop["race_first_look"]["futile"] is True and "gain" not in stop["race_first_look"]
+        else:
+            gain = stop["race_first_look"]["gain"]
+            assert gain["lead"] == pytest.approx(0.008, abs=1e-6) and gain["resolved"] is False
+            assert [e["steps"] for e in stop["race_on"]] == [1, 1]
+        return
+    first = stop["race_first_look"]
+    assert first | {"gain": None, "gained": None} == look | {"gain": None, "gained": None}  # one reading, one lead
+    assert first["gained"] is True and answer["race_first_look"]["gained"] is True
+    assert first["gain"]["lead"] == pytest.approx(0.018, abs=1e-6) and first["gain"]["resolved"] is True
+    assert first["gain"]["lead"] / first["gain"]["se"] > first["gain"]["critical"] > first["lead"] / first["se"]
+    assert stop["race_start"]["gain"] == first["gain"] and stop["race_start"]["no_gain"] is False
+    assert "race_on" not in stop and [(e["arm"], e["steps"], e["race"], e["spent_start"]) for e in stop["race"]] == [
+        ("cropi", 1, "lost", 0), ("diverse", 1, "won", 1)]
+    assert [e["steps"] for e in never["race_on"]] == [1, 1]
+    winner = stop["parts"][0]
+    assert winner["checkpoint"] == stop["race"][1]["checkpoint"] and "widened_by" not in winner
+    for record in (never, stop):
+        spent = sum(e["steps"] for e in (*record["race"], *record.get("race_on", []), *record["parts"][1:]))
+        assert spent == 8  # the stage's steps, every race step counted (parts[0] is the race's winner again)
+        assert all(e["arm"] == "diverse" for e in record["parts"])
+    after = lambda r: sum(e["steps"] for e in r["parts"][1:])  # noqa: E731
+    assert (after(never), after(stop)) == (4, 6)
+
+
+def test_a_curriculum_killed_after_a_first_look_that_resolved_the_gain_resumes_it_without_the_second_halves(
+        setup, monkeypatch):
+    """Killed at the first part after a race stopped for its resolved gain (``race_efficacy: stop``), a rerun reads
+    the saved look, trains no second half, and ends as the run that was never killed, part for part."""
+    monkeypatch.setattr(chk, "race_draws", lambda budget, prompts, floor: 3)
+    opts = dict(race_efficacy="stop", race_gain="resolved", race_no_gain="restart")
+    record = _one_raced_stage(setup, monkeypatch, PartTrainer(fallback_step=0.018), _noisy_fallback_on_the_race_sample,
+                              "efficacy-whole", **opts)[0]
+    killed = PartTrainer(fallback_step=0.018, crash_at=3)  # the two race halves, then the crash
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _one_raced_stage(setup, monkeypatch, killed, _noisy_fallback_on_the_race_sample, "efficacy-killed", **opts)
+    state = json.loads((Path(setup["root"]) / "curricula" / "efficacy-killed" / "state.json").read_text())
+    assert state["stages"][0]["check"]["race_first_look"]["gained"] is True  # decided before anything trained on
+    resumed = PartTrainer(fallback_step=0.018)
+    again = _one_raced_stage(setup, monkeypatch, resumed, _noisy_fallback_on_the_race_sample, "efficacy-killed",
+                             **opts)[0]
+    assert len(killed.calls) + len(resumed.calls) == 5 + 1  # the killed call alone is trained again
+    assert _race_shape(again) == _race_shape(record) and again["race_first_look"] == record["race_first_look"]
+
+
 def _gain_cases(case: str) -> PartTrainer:
     """The trainers of the ``race_gain_length`` tests, read by ``_race_inside_the_noise`` (a race checkpoint reads
     0.015 below its quality on the race's sample, with a per-prompt pattern the start does not have; both arms have

@@ -151,7 +151,8 @@ def _race_lines(records: dict) -> list[str]:
             "value at the check's alpha. A sequential race (`check.race_length: sequential`) is read first at half a "
             "part: where that lead is resolved it stops there, else both arms train on to a whole part, whose lead "
             "the row gives; with `check.race_futility: stop` it also stops where the higher half reads at or below "
-            "the stage's start (futile: no gain left to resolve), and with `check.race_gain_length: sequential` a "
+            "the stage's start (futile: no gain left to resolve), with `check.race_efficacy: stop` where the higher half's "
+            "gain over the start is resolved there (gain resolved: only the unresolved pick left), and with `check.race_gain_length: sequential` a "
             "winner stopped at its first look whose gain over the start is above zero but not resolved trains on to "
             "a whole part alone before the no-gain test reads it (winner on). With `check.race_unresolved: "
             "fallback` a race whose lead is not resolved goes on with the fallback, the row giving the higher "
@@ -174,6 +175,7 @@ def _first_look(look: dict | None) -> str:
     gain = look.get("gain_look")  # race_gain_length: sequential, the winner's gain over the start read at its half
     on = f" (gain {_ratio(gain['gain'])}: winner on)" if gain and gain["on"] else ""
     return f"{_ratio(look)}, " + ("stopped" + on if look["resolved"] else "stopped, futile" if look.get("futile")
+                                  else f"stopped, gain resolved ({_ratio(look['gain'])})" if look.get("gained")
                                   else "went on")
 
 

@@ -126,6 +126,16 @@ class CheckOptions(BaseModel):
                             "issue 32's revision 27, docs/demo.md round 29: a futility bound at half the "
                             "information); or every unresolved first look goes on (never: revisions 19-26); acts "
                             "only where race_no_gain is not keep")
+    race_efficacy: Literal["stop", "never"] = Field(
+        "never", description="a sequential race's first look where the arms' lead is not resolved and the futility "
+                             "bound (race_futility) did not stop it: where the higher arm's paired gain over the "
+                             "stage's start, read there on the race's own sample, is resolved at alpha by the race's "
+                             "test, the race stops, the higher first half winning as in a half-part race, since the "
+                             "no-gain test that follows reads that resolved gain and can no longer send the stage to "
+                             "the no-gain draw: the second half could change only which of two arms the first look "
+                             "could not tell apart goes on, at the cost of the loser's other half (stop: the round 31 "
+                             "candidate, docs/demo.md); or such a look goes on (never: revisions 19-27); acts only "
+                             "where race_no_gain is not keep and race_gain is resolved")
     race_gain_length: Literal["half", "sequential"] = Field(
         "half", description="a sequential race decided at its first look (the arms' lead resolved): the winner's "
                             "gain over the stage's start read at its half only, the no-gain action taking the pool "

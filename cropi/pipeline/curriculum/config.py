@@ -166,7 +166,7 @@ class CurriculumConfig(ScoringSettings):
         later = ("confirm_on", "at_whole_pool", "best_of", "test", "rerace", "refresh", "widened", "sizing",
                  "saturation_reference", "widen_check", "screen", "race_length", "widen_when", "race_unresolved",
                  "race_sample", "race_no_gain", "race_gain", "pool_revisit",
-                 "no_gain_draw", "race_futility", "race_gain_length")
+                 "no_gain_draw", "race_futility", "race_gain_length", "race_efficacy")
         for name in later:
             if doc["check"][name] == getattr(CheckOptions(), name) and name not in named:
                 doc["check"].pop(name)

@@ -113,6 +113,7 @@ def _plan(config: CurriculumConfig, paths: CurriculumPaths, state: StageState, m
             "race_length": opts.race_length, "widen_when": opts.widen_when, "race_unresolved": opts.race_unresolved,
             "race_sample": opts.race_sample, "race_no_gain": opts.race_no_gain, "race_gain": opts.race_gain,
             "race_futility": opts.race_futility, "race_gain_length": opts.race_gain_length,
+            "race_efficacy": opts.race_efficacy,
             "pool_revisit": opts.pool_revisit, "no_gain_draw": opts.no_gain_draw,
             "pool_flat_share": _pool_flat_share(offline.get(POOL), trainer.options.rollouts)}
     if samples != opts.samples:
@@ -276,8 +277,9 @@ class _Stage:
         stage's own steps. With ``race_length: half`` each arm trains half the part; with ``sequential`` half, and,
         where the higher half's lead is not resolved at alpha (``race_first_look``), the other half on from its own
         checkpoint (``race_on``), the higher whole part going on; with ``race_futility: stop`` not where the higher
-        half reads at or below the stage's start (``race_first_look.futile``): the race is then decided at its first
-        look, as a half-length one, and the no-gain test follows. With ``race_unresolved: fallback`` the fallback
+        half reads at or below the stage's start (``race_first_look.futile``), and with ``race_efficacy: stop`` not
+        where its gain over the start is resolved there (``race_first_look.gained``): the race is then decided at its
+        first look, as a half-length one, and the no-gain test follows. With ``race_unresolved: fallback`` the fallback
         goes on wherever the last look's lead is not resolved at alpha (``race_unresolved`` records the reading)."""
         start = self.record["start"]
         entries = self.record.setdefault("race", [])
@@ -297,10 +299,13 @@ class _Stage:
                 look = self._race_lead(higher, lower)
                 if not look["resolved"] and self._futility_reads(higher):
                     look["futile"] = self._gain_over_start(higher)["lead"] <= 0
+                if not look["resolved"] and not look.get("futile") and self._efficacy_reads(higher):
+                    gain = self._gain_over_start(higher)
+                    look |= {"gain": gain, "gained": gain["resolved"]}
                 self.record["race_first_look"] = look
                 self.state.save()
             look = self.record["race_first_look"]
-            if not look["resolved"] and not look.get("futile"):
+            if not look["resolved"] and not look.get("futile") and not look.get("gained"):
                 legs = self.record.setdefault("race_on", [])  # each arm's other half, in the arms' order
                 for side in range(len(legs), len(entries)):
                     legs.append(self._other_half(entries[side], side, whole - steps))
@@ -385,6 +390,14 @@ class _Stage:
         revisit), and only where the no-gain test reads the start, which would discard both arms' steps without a
         resolved gain."""
         return self.plan.get("race_futility", "never") == "stop" and not self.revisit and self._start_reads(higher)
+
+    def _efficacy_reads(self, higher: dict) -> bool:
+        """``race_efficacy: stop`` (read from the plan, as above): whether an unresolved first look reads the higher
+        arm's gain over the start, to stop the race where it is resolved (``race_first_look.gained``). Only the arms'
+        race, only where the no-gain test reads the start and counts resolved gains alone (``race_gain: resolved``):
+        there a resolved gain settles that a ranked subset goes on, and only the unresolved pick is left."""
+        return (self.plan.get("race_efficacy", "never") == "stop" and self.plan.get("race_gain", "any") == "resolved"
+                and not self.revisit and self._start_reads(higher))
 
     def _gain_goes_on(self, winner: dict) -> bool:
         """``race_gain_length: sequential`` (read from the plan, as above): whether the winner of a sequential arms'
