@@ -146,8 +146,9 @@ VARIANTS: dict[str, dict[str, Any]] = {DEFAULT_METHOD: {"check": {"enabled": Tru
                                        # trains on to its whole part before the no-gain test
                                        "checked_gainseq": {"check": {"enabled": True,
                                                                      "race_gain_length": "sequential"}},
-                                       # the round 31 candidate: an unresolved first look whose higher half's gain
-                                       # over the start is resolved stops the race (the higher half goes on)
+                                       # the round 31 candidate (not adopted: docs/demo.md): an unresolved first
+                                       # look whose higher half's gain over the start is resolved stops the race
+                                       # (the higher half goes on)
                                        "checked_efficacy": {"check": {"enabled": True, "race_efficacy": "stop"}}}
 
 
