@@ -681,3 +681,22 @@ def test_the_checked_curriculum_refreshes_its_blind_spot_unless_told_otherwise()
     key = CurriculumConfig(**base).resume_key()
     assert CurriculumConfig(**base, check={"refresh": "status"}).resume_key() != key
     assert CurriculumConfig(**base, check={"refresh": "never"}).resume_key() != key
+
+
+@pytest.mark.parametrize("look,cell", [
+    (None, "-"),
+    ({"lead": 0.04, "se": 0.02, "resolved": True}, "2.00, stopped"),
+    ({"lead": -0.01, "se": 0.02, "resolved": False, "futile": True}, "-0.50, stopped, futile"),
+    ({"lead": 0.01, "se": 0.02, "resolved": False, "futile": False, "gained": True,
+      "gain": {"lead": 0.06, "se": 0.02}}, "0.50, stopped, gain resolved (3.00)"),
+    ({"lead": 0.01, "se": 0.02, "resolved": False, "futile": False, "gained": False,
+      "gain": {"lead": 0.02, "se": 0.02}}, "0.50, went on"),
+    ({"lead": 0.04, "se": 0.02, "resolved": True, "gain_look": {"on": True, "gain": {"lead": 0.01, "se": 0.02}}},
+     "2.00, stopped (gain 0.50: winner on)")])
+def test_the_race_tables_first_look_names_each_way_a_race_stopped_or_went_on(look, cell):
+    """The report's race table, first-look column: its lead over its SE and what the look did, each outcome worked by
+    hand: resolved, futile (round 29), stopped for a resolved gain (round 31, with that gain in its SEs), went on,
+    and a winner trained on for its gain (round 30)."""
+    from cropi.demo.checks import _first_look
+
+    assert _first_look(look) == cell
