@@ -66,8 +66,8 @@ def _acted(report: dict, method: str, key: str, flag: str):
 
 
 def _auc_change(new: dict, old: dict, new_method: str, old_method: str, seed: str) -> float:
-    return round(new["auc_by_method"][new_method]["per_seed"][seed] - old["auc_by_method"][old_method]["per_seed"][seed],
-                 6)
+    change = new["auc_by_method"][new_method]["per_seed"][seed] - old["auc_by_method"][old_method]["per_seed"][seed]
+    return round(change, 6)
 
 
 LOOKS = {"winner_on": looks, "first": first_looks}
@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     read = LOOKS[args.look]
     tasks = {name: read(new, old, args.new, args.old) for name, (new, old) in report_pairs(args.task).items()}
-    return emit(args.out, "gain_looks.json" if args.look == "winner_on" else "first_looks.json", {"command": command_line("benchmarks/gain_looks.py", argv),
-                                              "summary": summarize(tasks), "tasks": tasks}, "summary")
+    name = "gain_looks.json" if args.look == "winner_on" else "first_looks.json"
+    return emit(args.out, name, {"command": command_line("benchmarks/gain_looks.py", argv),
+                                 "summary": summarize(tasks), "tasks": tasks}, "summary")
 
 
 if __name__ == "__main__":

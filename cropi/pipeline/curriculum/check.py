@@ -136,8 +136,8 @@ class CheckOptions(BaseModel):
                              "could not tell apart goes on, at the cost of the loser's other half (stop: the round 31 "
                              "candidate, not adopted, docs/demo.md: where the whole part would have picked the other "
                              "arm, 5 of 26 races, the half's pick lost 0.030 a run, and D was -0.0007 over 31 tasks); "
-                             "or such a look goes on (never: revisions 19-27); acts only where race_no_gain is not keep "
-                             "and race_gain is resolved")
+                             "or such a look goes on (never: revisions 19-27); acts only where race_no_gain is not "
+                             "keep and race_gain is resolved")
     race_gain_length: Literal["half", "sequential"] = Field(
         "half", description="a sequential race decided at its first look (the arms' lead resolved): the winner's "
                             "gain over the stage's start read at its half only, the no-gain action taking the pool "

@@ -297,11 +297,13 @@ class _Stage:
             if "race_first_look" not in self.record:  # the decision to go on, saved before either arm does
                 higher, lower = self._ranked(entries)
                 look = self._race_lead(higher, lower)
-                if not look["resolved"] and self._futility_reads(higher):
-                    look["futile"] = self._gain_over_start(higher)["lead"] <= 0
-                if not look["resolved"] and not look.get("futile") and self._efficacy_reads(higher):
+                futility, efficacy = self._futility_reads(higher), self._efficacy_reads(higher)
+                if not look["resolved"] and (futility or efficacy):  # the higher half's gain over the start
                     gain = self._gain_over_start(higher)
-                    look |= {"gain": gain, "gained": gain["resolved"]}
+                    if futility:
+                        look["futile"] = gain["lead"] <= 0
+                    if efficacy and not look.get("futile"):
+                        look |= {"gain": gain, "gained": gain["resolved"]}
                 self.record["race_first_look"] = look
                 self.state.save()
             look = self.record["race_first_look"]
