@@ -28,7 +28,7 @@ COLORS = {"cropi": "tab:red", "full": "tab:blue", "random": "tab:gray", "pass_ra
           "checked_resolved": "indigo", "checked_revisit": "orangered",
           "checked_mixed": "saddlebrown", "checked_higher": "darkolivegreen",
           "checked_futile": "cadetblue", "checked_rev26": "darkseagreen",
-          "checked_gainseq": "mediumorchid", "checked_efficacy": "goldenrod"}
+          "checked_gainseq": "mediumorchid", "checked_efficacy": "darkmagenta"}
 _SPARE = ("lime", "teal", "magenta", "sienna", "slateblue", "darkgreen", "crimson", "peru")
 
 
