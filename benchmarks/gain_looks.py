@@ -73,10 +73,10 @@ def _auc_change(new: dict, old: dict, new_method: str, old_method: str, seed: st
 LOOKS = {"winner_on": looks, "first": first_looks}
 
 
-def summarize(tasks: dict[str, list[dict]]) -> dict:
+def summarize(tasks: dict[str, list[dict]], look: str = "winner_on") -> dict:
     rows = [r for t in tasks.values() for r in t]
     mean = lambda key: round(sum(r[key] for r in rows) / len(rows), 3) if rows else None  # noqa: E731
-    if rows and "changed" in rows[0]:  # --look first
+    if look == "first":
         changed = [r["auc_change"] for r in rows if r["changed"]]
         return {"runs": len(rows), "changed": len(changed),
                 "mean_gain_over_se": mean("gain_over_se"), "mean_lead_over_se": mean("lead_over_se"),
@@ -95,11 +95,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--look", choices=sorted(LOOKS), default="winner_on", help="which look (above)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    read = LOOKS[args.look]
-    tasks = {name: read(new, old, args.new, args.old) for name, (new, old) in report_pairs(args.task).items()}
+    tasks = {name: LOOKS[args.look](new, old, args.new, args.old)
+             for name, (new, old) in report_pairs(args.task).items()}
     name = "gain_looks.json" if args.look == "winner_on" else "first_looks.json"
     return emit(args.out, name, {"command": command_line("benchmarks/gain_looks.py", argv),
-                                 "summary": summarize(tasks), "tasks": tasks}, "summary")
+                                 "summary": summarize(tasks, args.look), "tasks": tasks}, "summary")
 
 
 if __name__ == "__main__":

@@ -172,11 +172,16 @@ def _first_look(look: dict | None) -> str:
     """A sequential race's reading at half a part: its lead over its SE, and whether the race stopped there."""
     if not look:
         return "-"
-    gain = look.get("gain_look")  # race_gain_length: sequential, the winner's gain over the start read at its half
-    on = f" (gain {_ratio(gain['gain'])}: winner on)" if gain and gain["on"] else ""
-    return f"{_ratio(look)}, " + ("stopped" + on if look["resolved"] else "stopped, futile" if look.get("futile")
-                                  else f"stopped, gain resolved ({_ratio(look['gain'])})" if look.get("gained")
-                                  else "went on")
+    if look["resolved"]:
+        gain = look.get("gain_look")  # race_gain_length: sequential, the winner's gain over the start at its half
+        done = "stopped" + (f" (gain {_ratio(gain['gain'])}: winner on)" if gain and gain["on"] else "")
+    elif look.get("futile"):
+        done = "stopped, futile"
+    elif look.get("gained"):  # race_efficacy: stop, the higher half's gain over the start resolved
+        done = f"stopped, gain resolved ({_ratio(look['gain'])})"
+    else:
+        done = "went on"
+    return f"{_ratio(look)}, {done}"
 
 
 def _races(m: str, st: dict):

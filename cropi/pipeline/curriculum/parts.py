@@ -391,15 +391,21 @@ class _Stage:
         arm's gain over the start, to stop the race where it is at or below zero. Only the arms' race (not a
         revisit), and only where the no-gain test reads the start, which would discard both arms' steps without a
         resolved gain."""
-        return self.plan.get("race_futility", "never") == "stop" and not self.revisit and self._start_reads(higher)
+        return self.plan.get("race_futility", "never") == "stop" and self._arms_gain_reads(higher)
+
+    def _arms_gain_reads(self, entry: dict, resolved: bool = False) -> bool:
+        """Whether an arms' race (not a revisit) reads ``entry``'s gain over the start (``_start_reads``), and with
+        ``resolved`` only where the no-gain test counts resolved gains alone (``race_gain: resolved``, from the plan):
+        the condition the futility bound, the efficacy bound and the winner's gain look share."""
+        return (not self.revisit and self._start_reads(entry)
+                and (not resolved or self.plan.get("race_gain", "any") == "resolved"))
 
     def _efficacy_reads(self, higher: dict) -> bool:
         """``race_efficacy: stop`` (read from the plan, as above): whether an unresolved first look reads the higher
         arm's gain over the start, to stop the race where it is resolved (``race_first_look.gained``). Only the arms'
         race, only where the no-gain test reads the start and counts resolved gains alone (``race_gain: resolved``):
         there a resolved gain settles that a ranked subset goes on, and only the unresolved pick is left."""
-        return (self.plan.get("race_efficacy", "never") == "stop" and self.plan.get("race_gain", "any") == "resolved"
-                and not self.revisit and self._start_reads(higher))
+        return self.plan.get("race_efficacy", "never") == "stop" and self._arms_gain_reads(higher, resolved=True)
 
     def _gain_goes_on(self, winner: dict) -> bool:
         """``race_gain_length: sequential`` (read from the plan, as above): whether the winner of a sequential arms'
@@ -408,8 +414,8 @@ class _Stage:
         other half trains, so a resumed race goes on as it began). Only where the no-gain test counts resolved gains
         alone (``race_gain: resolved``), which a half inside the noise would fail at half the part."""
         if "race_gain_look" not in self.record:
-            if (self.revisit or self.plan.get("race_gain_length", "half") != "sequential"
-                    or self.plan.get("race_gain", "any") != "resolved" or not self._start_reads(winner)):
+            if not (self.plan.get("race_gain_length", "half") == "sequential"
+                    and self._arms_gain_reads(winner, resolved=True)):
                 return False
             gain = self._gain_over_start(winner)
             self.record["race_gain_look"] = {"gain": gain, "on": gain["lead"] > 0 and not gain["resolved"]}
